@@ -1,0 +1,2 @@
+"""ROSE core."""
+__version__ = "0.1.0"

@@ -1,0 +1,38 @@
+"""Errors a user or a peer can meet. Each message names the cause and the fix in one line."""
+
+from __future__ import annotations
+
+
+class RoseError(Exception):
+    """An error meant for a person: printed as one line by the CLI, never as a traceback."""
+
+
+class ConfigError(RoseError):
+    """A configuration value is wrong; the message names the field and the fix."""
+
+
+class MissingExtraError(RoseError):
+    """An optional dependency is needed; the message names the pip command that installs it."""
+
+    def __init__(self, what: str, install: str) -> None:
+        super().__init__(f"{what} is not installed: run `pip install {install}`")
+        self.install = install
+
+
+class ProtocolError(Exception):
+    """A frame was rejected. ``reason`` is the label of ``rose_rejected_messages_total``."""
+
+    REASONS = (
+        "malformed",
+        "oversized",
+        "unauthenticated",
+        "unknown_type",
+        "wrong_version",
+        "no_handshake",
+    )
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,333 @@
+"""Every message that crosses a process boundary in ROSE.
+
+Rules (read before editing):
+- Fields are only ever APPENDED, each new one with a default. Never reorder, rename or remove a field,
+  and never change a field's type: peers on older versions must keep decoding what newer ones send.
+- A change that cannot follow that rule bumps ``PROTOCOL_VERSION``; peers with another version are
+  rejected at the frame envelope with a message that names the fix.
+- Every message is a tagged ``msgspec.Struct`` (``type`` field) in one union per channel direction.
+- Bulk arrays (numpy) are typed ``np.ndarray`` and travel as extra zero-copy frames (see ``serde``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+Role = Literal["dedicated", "serving"]
+PeerKind = Literal["executor", "observer", "weights"]
+
+
+class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
+    """Base of all messages: tagged by a snake_case ``type`` field."""
+
+
+# ---------------------------------------------------------------- handshake (both channels)
+
+
+class Hello(_Msg, tag="hello"):
+    """First message of every peer; the controller answers ``Welcome`` or ``ErrorReport``."""
+
+    peer_id: str
+    kind: PeerKind
+    protocol_version: int = PROTOCOL_VERSION
+    software: str = ""
+
+
+class Welcome(_Msg, tag="welcome"):
+    controller_id: str
+    heartbeat_interval_s: float = 1.0
+    stall_timeout_s: float = 2.0
+
+
+class ErrorReport(_Msg, tag="error"):
+    """A problem a peer should know about. ``code`` is machine-readable, ``message`` names the fix."""
+
+    code: str
+    message: str
+    ref: str = ""
+
+
+class Goodbye(_Msg, tag="goodbye"):
+    peer_id: str
+    reason: str = ""
+
+
+# ---------------------------------------------------------------- executor registration and load
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    name: str
+    purpose: Literal["serving", "rollout"]
+    path: str = ""
+    parameters: int = 0
+    kv_bytes_per_token: int = 0
+
+
+class Register(_Msg, tag="register"):
+    executor_id: str
+    role: Role
+    device: str
+    host: str
+    models: list[ModelInfo]
+    memory_bytes: int
+    rollout_capacity: int = 16
+    serving_endpoint: str = ""
+    metrics_endpoint: str = ""
+    weight_version: int = -1
+
+
+class LoadReport(msgspec.Struct, kw_only=True):
+    """What an executor knows about its own load, sent with every heartbeat."""
+
+    serving_kv_usage_ratio: float = 0.0
+    serving_requests_in_flight: int = 0
+    serving_requests_total: int = 0
+    serving_ttft_p99_ms: float = 0.0
+    serving_tpot_p99_ms: float = 0.0
+    serving_slo_violations_total: int = 0
+    slo_headroom: bool = True
+    rollout_in_flight: int = 0
+    rollout_capacity: int = 16
+    rollout_budget_frozen: bool = False
+    rollout_tokens_total: int = 0
+    weight_version: int = -1
+    warm_trajectories: list[str] = []
+    state: str = "ready"
+
+
+class Heartbeat(_Msg, tag="heartbeat"):
+    executor_id: str
+    seq: int
+    sent_at: float
+    load: LoadReport
+
+
+# ---------------------------------------------------------------- turns
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    max_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: bool = True
+
+
+class TurnRequest(_Msg, tag="turn_request"):
+    """Run one LLM call of one trajectory, on a weight version in ``[min_version, max_version]``."""
+
+    turn_id: str
+    trajectory_id: str
+    attempt: int
+    prompt_token_ids: np.ndarray
+    sampling: SamplingParams
+    min_version: int
+    max_version: int
+    step: int = 0
+
+
+class TurnResult(_Msg, tag="turn_result"):
+    turn_id: str
+    trajectory_id: str
+    attempt: int
+    executor_id: str
+    weight_version: int
+    output_token_ids: np.ndarray
+    output_logprobs: np.ndarray
+    finish_reason: str
+    queue_seconds: float = 0.0
+    run_seconds: float = 0.0
+    prefix_hit_tokens: int = 0
+
+
+class TurnAborted(_Msg, tag="turn_aborted"):
+    """The executor gave the turn back (memory emergency, shutdown, wrong version, engine error)."""
+
+    turn_id: str
+    trajectory_id: str
+    attempt: int
+    executor_id: str
+    reason: str
+
+
+class CancelTurn(_Msg, tag="cancel_turn"):
+    turn_id: str
+    attempt: int
+
+
+# ---------------------------------------------------------------- weights and steps
+
+
+class WeightAnnounce(_Msg, tag="weight_announce"):
+    """A new weight version is published; executors fetch it from ``source`` and apply it whole."""
+
+    version: int
+    step: int
+    source: str
+    manifest_digest: str = ""
+    total_bytes: int = 0
+
+
+class WeightApplied(_Msg, tag="weight_applied"):
+    executor_id: str
+    version: int
+    seconds: float
+    bytes_received: int
+    ok: bool = True
+    error: str = ""
+
+
+class StepStarted(_Msg, tag="step_started"):
+    """A new RL step: executors may lift a frozen rollout budget."""
+
+    step: int
+    weight_version: int
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    reason: str = ""
+
+
+# ---------------------------------------------------------------- weight transfer channel (rose-transfer)
+
+
+class TensorEntry(msgspec.Struct, kw_only=True):
+    """One tensor of a weight version: where its bytes sit in the version's flat byte stream."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+    shard: str = "replicated"
+
+
+class BucketInfo(msgspec.Struct, kw_only=True):
+    """A contiguous byte range of the flat stream, moved and checked as one unit."""
+
+    index: int
+    offset: int
+    nbytes: int
+    checksum: str
+    encoding: str = "dense"
+    wire_bytes: int = 0
+
+
+class WeightManifest(_Msg, tag="weight_manifest"):
+    version: int
+    base_version: int
+    total_bytes: int
+    bucket_bytes: int
+    tensors: list[TensorEntry]
+    buckets: list[BucketInfo]
+    digest: str
+
+
+class FetchManifest(_Msg, tag="fetch_manifest"):
+    version: int
+    have_version: int = -1
+    receiver_id: str = ""
+
+
+class FetchBucket(_Msg, tag="fetch_bucket"):
+    version: int
+    index: int
+    have_version: int = -1
+    receiver_id: str = ""
+
+
+class BucketData(_Msg, tag="bucket_data"):
+    version: int
+    index: int
+    encoding: str
+    checksum: str
+    data: np.ndarray
+
+
+# ---------------------------------------------------------------- status stream for dashboards
+
+
+class ExecutorStatus(msgspec.Struct, kw_only=True):
+    executor_id: str
+    role: Role
+    state: str
+    weight_version: int
+    load: LoadReport
+    turns_done: int = 0
+    last_seen_s: float = 0.0
+
+
+class StepStatus(msgspec.Struct, kw_only=True):
+    step: int
+    phase: str
+    weight_version: int
+    trajectories_total: int
+    trajectories_done: int
+    turns_in_flight: int
+    turns_queued: int
+    reward_mean: float | None = None
+
+
+class StatusSnapshot(_Msg, tag="status"):
+    controller_id: str
+    time: float
+    executors: list[ExecutorStatus]
+    step: StepStatus | None
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    weight_sync_seconds: float = 0.0
+    weight_sync_bytes: int = 0
+    history: list[StepStatus] = []
+    finished: bool = False
+
+
+# ---------------------------------------------------------------- channel unions
+
+ToController = Union[Hello, Register, Heartbeat, TurnResult, TurnAborted, WeightApplied, ErrorReport, Goodbye]
+FromController = Union[
+    Welcome, TurnRequest, CancelTurn, WeightAnnounce, StepStarted, StatusSnapshot, Shutdown, ErrorReport
+]
+TransferRequest = Union[Hello, FetchManifest, FetchBucket]
+TransferReply = Union[Welcome, WeightManifest, BucketData, ErrorReport]
+AnyMessage = Union[ToController, FromController, TransferRequest, TransferReply]
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AnyMessage",
+    "BucketData",
+    "BucketInfo",
+    "FetchBucket",
+    "FetchManifest",
+    "TensorEntry",
+    "TransferReply",
+    "TransferRequest",
+    "WeightManifest",
+    "CancelTurn",
+    "ErrorReport",
+    "ExecutorStatus",
+    "FromController",
+    "Goodbye",
+    "Heartbeat",
+    "Hello",
+    "LoadReport",
+    "ModelInfo",
+    "Register",
+    "Role",
+    "SamplingParams",
+    "Shutdown",
+    "StatusSnapshot",
+    "StepStarted",
+    "StepStatus",
+    "ToController",
+    "TurnAborted",
+    "TurnRequest",
+    "TurnResult",
+    "WeightAnnounce",
+    "WeightApplied",
+    "Welcome",
+]

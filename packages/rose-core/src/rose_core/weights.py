@@ -1,0 +1,41 @@
+"""How the controller hands a new weight version to the data plane, without importing it.
+
+rose-core must not depend on rose-transfer (dependencies point core <- transfer), so the controller
+finds the publisher through the entry-point group ``rose.weight_publishers``; rose-transfer registers
+``dense`` (and later others) there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from rose_core.errors import MissingExtraError, RoseError
+from rose_core.messages import WeightAnnounce
+
+ENTRY_POINT_GROUP = "rose.weight_publishers"
+
+
+class WeightPublisher(Protocol):
+    """Serves weight versions to receivers that pull them."""
+
+    def publish(self, version: int, step: int, tensors: Mapping[str, Any]) -> WeightAnnounce:
+        """Make ``version`` fetchable (whole) and return the announcement executors act on."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PublisherFactory(Protocol):
+    def __call__(self, *, secret: bytes, host: str, port: int) -> WeightPublisher: ...
+
+
+def load_publisher(name: str, *, secret: bytes, host: str, port: int) -> WeightPublisher:
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if not found:
+        raise MissingExtraError("rose-transfer (the weight data plane)", "rose-transfer")
+    if name not in found:
+        raise RoseError(f"unknown weight publisher {name!r}: choose one of {sorted(found)}")
+    factory: PublisherFactory = found[name].load()
+    return factory(secret=secret, host=host, port=port)

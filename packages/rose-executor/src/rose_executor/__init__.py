@@ -1,0 +1,2 @@
+"""ROSE executor."""
+__version__ = "0.1.0"

@@ -1,0 +1,2 @@
+"""ROSE transfer."""
+__version__ = "0.1.0"
