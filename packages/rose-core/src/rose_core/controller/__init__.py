@@ -1,0 +1,1 @@
+"""The controller: executor registry, turn dispatch, status stream."""

@@ -1,0 +1,324 @@
+"""The ROSE controller: executor registry, turn dispatch through the elastic scheduler, status stream.
+
+It is driven by its owner's thread: ``pump(timeout)`` handles whatever messages arrived, then runs one
+control tick (stall detection, routing, status publishing) with the wall clock. All decisions are taken by
+the pure scheduler; this class only turns them into messages and messages into observations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rose_core.channel import ControlServer
+from rose_core.config import RunConfig
+from rose_core.controller import controller_metrics as metrics
+from rose_core.controller.executor_record import ExecutorRecord
+from rose_core.messages import (
+    PROTOCOL_VERSION,
+    ErrorReport,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Register,
+    SamplingParams,
+    Shutdown,
+    StatusSnapshot,
+    StepStatus,
+    TurnAborted,
+    TurnRequest,
+    TurnResult,
+    WeightAnnounce,
+    WeightApplied,
+    Welcome,
+)
+from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.scheduler import ElasticScheduler, TurnTicket
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class TurnPayload:
+    prompt_token_ids: Any
+    sampling: SamplingParams
+    step: int
+
+
+@dataclass(slots=True)
+class AcceptedTurn:
+    result: TurnResult
+    ticket: TurnTicket
+    role: str
+
+
+@dataclass(slots=True)
+class ControllerStats:
+    late_results: int = 0
+    reroutes: int = 0
+    turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+
+
+class Controller:
+    def __init__(
+        self,
+        config: RunConfig,
+        secret: bytes,
+        controller_id: str = "controller",
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.controller_id = controller_id
+        self.clock = clock
+        self.scheduler = ElasticScheduler(config.scheduler)
+        self.executors: dict[str, ExecutorRecord] = {}
+        self.stats = ControllerStats()
+        self.on_result: Callable[[AcceptedTurn], None] | None = None
+        self.step_status: StepStatus | None = None
+        self.history: list[StepStatus] = []
+        self.weight_sync = (0.0, 0)
+        self.finished = False
+        self._peers: dict[bytes, str] = {}
+        self._observers: set[bytes] = set()
+        self._next_status = 0.0
+        cc = config.controller
+        self.server = ControlServer(f"tcp://{cc.host}:{cc.port}", secret)
+        self.address = self.server.address
+
+    # ---------------------------------------------------------------- driving
+
+    def pump(self, timeout: float = 0.05) -> None:
+        """Handle arrived messages (waiting up to ``timeout`` for the first), then one control tick."""
+        item = self.server.recv(timeout)
+        while item is not None:
+            self._handle(*item)
+            item = self.server.recv(0)
+        self.tick(self.clock())
+
+    def tick(self, now: float) -> None:
+        for worker_id in self.scheduler.find_stalled(now, self.config.controller.stall_timeout_s):
+            log.warning("executor %s stalled (no heartbeat for %.1fs); its turns are re-routed",
+                        worker_id, self.config.controller.stall_timeout_s)
+            if worker_id in self.executors:
+                self.executors[worker_id].state = "stalled"
+        for assignment in self.scheduler.schedule(now):
+            self._dispatch(assignment.ticket, assignment.worker_id, assignment.reason)
+        if now >= self._next_status:
+            self._next_status = now + self.config.controller.status_interval_s
+            self.publish_status(now)
+        metrics.QUEUED_TURNS.set(len(self.scheduler.queue))
+        metrics.RUNNING_TURNS.set(self.scheduler.running)
+
+    def submit_turn(self, ticket: TurnTicket) -> None:
+        self.scheduler.submit(self.clock(), ticket)
+
+    def wait_for_executors(self, count: int, timeout: float, alive: Callable[[], None] | None = None) -> None:
+        """Pump until ``count`` executors registered; ``alive`` may raise if a child process died."""
+        deadline = self.clock() + timeout
+        while len(self.executors) < count:
+            if self.clock() > deadline:
+                raise TimeoutError(f"only {len(self.executors)} of {count} executors registered in {timeout:.0f}s")
+            if alive is not None:
+                alive()
+            self.pump(0.1)
+
+    def announce_weights(self, announce: WeightAnnounce, timeout: float) -> dict[str, WeightApplied]:
+        """Send a new version to every executor and wait until each applied it (or failed, or left)."""
+        started = self.clock()
+        targets = {eid: rec.peer for eid, rec in self.executors.items() if rec.state != "gone"}
+        for peer in targets.values():
+            self.server.send(peer, announce)
+        while True:
+            done = {eid: rec.applied[announce.version] for eid, rec in self.executors.items()
+                    if announce.version in rec.applied}
+            pending = [eid for eid in targets if eid in self.executors and eid not in done]
+            if not pending:
+                break
+            if self.clock() - started > timeout:
+                raise TimeoutError(f"executors {pending} did not apply weight version {announce.version} in {timeout:.0f}s")
+            self.pump(0.05)
+        seconds = self.clock() - started
+        total = sum(a.bytes_received for a in done.values())
+        self.weight_sync = (seconds, total)
+        metrics.WEIGHT_VERSION.set(announce.version)
+        metrics.WEIGHT_SYNC_SECONDS.observe(seconds)
+        metrics.WEIGHT_SYNC_BYTES.inc(total)
+        return done
+
+    def broadcast(self, msg: Any) -> None:
+        for rec in self.executors.values():
+            self.server.send(rec.peer, msg)
+
+    def shutdown_executors(self, reason: str, timeout: float = 30.0) -> None:
+        self.broadcast(Shutdown(reason=reason))
+        deadline = self.clock() + timeout
+        while self.executors and self.clock() < deadline:
+            self.pump(0.1)
+
+    def close(self) -> None:
+        self.server.close()
+
+    # ---------------------------------------------------------------- status
+
+    def snapshot(self, now: float) -> StatusSnapshot:
+        return StatusSnapshot(
+            controller_id=self.controller_id,
+            time=time.time(),
+            executors=[rec.status(now) for rec in self.executors.values()],
+            step=self.step_status,
+            slo_ttft_ms=self.config.slo.ttft_ms,
+            slo_tpot_ms=self.config.slo.tpot_ms,
+            weight_sync_seconds=self.weight_sync[0],
+            weight_sync_bytes=self.weight_sync[1],
+            history=self.history[-50:],
+            finished=self.finished,
+        )
+
+    def publish_status(self, now: float) -> None:
+        if not self._observers:
+            return
+        snap = self.snapshot(now)
+        for peer in list(self._observers):
+            self.server.send(peer, snap)
+
+    # ---------------------------------------------------------------- message handling
+
+    def _handle(self, peer: bytes, msg: Any) -> None:
+        if isinstance(msg, Hello):
+            self._on_hello(peer, msg)
+            return
+        if isinstance(msg, ErrorReport):
+            log.warning("peer %r reports %s: %s", peer, msg.code, msg.message)
+            return
+        if peer not in self._peers:
+            REJECTED_MESSAGES.labels("no_handshake").inc()
+            log.warning("rejected %s from %r: no handshake", type(msg).__name__, peer)
+            self.server.send(peer, ErrorReport(code="no_handshake", message="send Hello before anything else"))
+            return
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            log.warning("ignored %s from %r: not for the controller", type(msg).__name__, peer)
+            return
+        handler(self, peer, msg)
+
+    def _on_hello(self, peer: bytes, msg: Hello) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
+            REJECTED_MESSAGES.labels("wrong_version").inc()
+            self.server.send(peer, ErrorReport(
+                code="wrong_version",
+                message=f"peer speaks protocol {msg.protocol_version}, controller {PROTOCOL_VERSION}: upgrade to match"))
+            return
+        self._peers[peer] = msg.kind
+        if msg.kind == "observer":
+            self._observers.add(peer)
+        cc = self.config.controller
+        self.server.send(peer, Welcome(controller_id=self.controller_id, heartbeat_interval_s=cc.heartbeat_interval_s,
+                                       stall_timeout_s=cc.stall_timeout_s))
+        if msg.kind == "observer":
+            self.publish_status(self.clock())
+
+    def _on_register(self, peer: bytes, msg: Register) -> None:
+        now = self.clock()
+        rec = ExecutorRecord(peer=peer, info=msg, registered_at=now, last_seen=now, weight_version=msg.weight_version)
+        self.executors[msg.executor_id] = rec
+        self.scheduler.add_worker(now, msg.executor_id, msg.role, msg.rollout_capacity, msg.weight_version)
+        if msg.role == "serving":
+            self.scheduler.borrow([(msg.executor_id, 0.0)], limit=self._borrow_slots())
+        log.info("executor %s registered (%s, %s)", msg.executor_id, msg.role, msg.device)
+        self._update_executor_gauge()
+
+    def _borrow_slots(self) -> int:
+        borrowed = sum(1 for w in self.scheduler.workers.values() if w.pool == "serving" and w.borrowed)
+        return max(0, self.config.scheduler.max_borrowed_workers - borrowed)
+
+    def _on_heartbeat(self, peer: bytes, msg: Heartbeat) -> None:
+        rec = self.executors.get(msg.executor_id)
+        if rec is None:
+            self.server.send(peer, ErrorReport(code="not_registered", message="register before sending heartbeats"))
+            return
+        now = self.clock()
+        rec.last_seen, rec.load, rec.state = now, msg.load, msg.load.state
+        rec.weight_version = msg.load.weight_version
+        self.scheduler.observe(now, msg.executor_id, weight_version=msg.load.weight_version,
+                               slo_headroom=msg.load.slo_headroom, budget_frozen=msg.load.rollout_budget_frozen,
+                               kv_usage_ratio=msg.load.serving_kv_usage_ratio)
+
+    def _on_turn_result(self, peer: bytes, msg: TurnResult) -> None:
+        now = self.clock()
+        ticket = self._ticket_of(msg.turn_id)
+        verdict = self.scheduler.complete(now, msg.executor_id, msg.turn_id, msg.attempt)
+        if verdict != "accepted" or ticket is None:
+            self.stats.late_results += 1
+            metrics.LATE_RESULTS.inc()
+            log.info("discarded a %s result of turn %s attempt %d", verdict, msg.turn_id, msg.attempt)
+            return
+        rec = self.executors.get(msg.executor_id)
+        role = rec.role if rec else "dedicated"
+        if rec:
+            rec.turns_done += 1
+        self.stats.turns_by_role[role] = self.stats.turns_by_role.get(role, 0) + 1
+        metrics.TURNS_COMPLETED.labels(role).inc()
+        if self.on_result is not None:
+            self.on_result(AcceptedTurn(msg, ticket, role))
+
+    def _on_turn_aborted(self, peer: bytes, msg: TurnAborted) -> None:
+        if self.scheduler.abort(self.clock(), msg.executor_id, msg.turn_id, msg.attempt, msg.reason):
+            self.stats.reroutes += 1
+            metrics.TURNS_REROUTED.labels(msg.reason.split(":")[0]).inc()
+            log.info("turn %s aborted on %s (%s); re-routed", msg.turn_id, msg.executor_id, msg.reason)
+
+    def _on_weight_applied(self, peer: bytes, msg: WeightApplied) -> None:
+        rec = self.executors.get(msg.executor_id)
+        if rec is None:
+            return
+        rec.applied[msg.version] = msg
+        if msg.ok:
+            rec.weight_version = msg.version
+            self.scheduler.observe(self.clock(), msg.executor_id, weight_version=msg.version,
+                                   slo_headroom=rec.load.slo_headroom, budget_frozen=rec.load.rollout_budget_frozen,
+                                   kv_usage_ratio=rec.load.serving_kv_usage_ratio)
+        else:
+            log.error("executor %s failed to apply version %d: %s", msg.executor_id, msg.version, msg.error)
+
+    def _on_goodbye(self, peer: bytes, msg: Goodbye) -> None:
+        self._peers.pop(peer, None)
+        self._observers.discard(peer)
+        rec = self.executors.pop(msg.peer_id, None)
+        if rec is not None:
+            moved = self.scheduler.remove_worker(self.clock(), msg.peer_id, "gone")
+            self.stats.reroutes += len(moved)
+            log.info("executor %s left (%s); %d turns re-routed", msg.peer_id, msg.reason, len(moved))
+            self._update_executor_gauge()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _dispatch(self, ticket: TurnTicket, worker_id: str, reason: str) -> None:
+        payload: TurnPayload = ticket.payload
+        rec = self.executors[worker_id]
+        self.server.send(rec.peer, TurnRequest(
+            turn_id=ticket.turn_id, trajectory_id=ticket.trajectory_id, attempt=ticket.attempt,
+            prompt_token_ids=payload.prompt_token_ids, sampling=payload.sampling,
+            min_version=ticket.min_version, max_version=ticket.max_version, step=payload.step))
+        metrics.TURNS_ROUTED.labels(reason).inc()
+
+    def _ticket_of(self, turn_id: str) -> TurnTicket | None:
+        return self.scheduler.running_ticket(turn_id)
+
+    def _update_executor_gauge(self) -> None:
+        metrics.EXECUTORS.clear()
+        for rec in self.executors.values():
+            metrics.EXECUTORS.labels(rec.role, rec.state).inc()
+
+
+_HANDLERS: dict[type, Callable[[Controller, bytes, Any], None]] = {
+    Register: Controller._on_register,
+    Heartbeat: Controller._on_heartbeat,
+    TurnResult: Controller._on_turn_result,
+    TurnAborted: Controller._on_turn_aborted,
+    WeightApplied: Controller._on_weight_applied,
+    Goodbye: Controller._on_goodbye,
+}

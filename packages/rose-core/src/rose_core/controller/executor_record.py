@@ -1,0 +1,39 @@
+"""The controller's record of one registered executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rose_core.messages import ExecutorStatus, LoadReport, Register, WeightApplied
+
+
+@dataclass(slots=True)
+class ExecutorRecord:
+    peer: bytes
+    info: Register
+    registered_at: float
+    last_seen: float
+    load: LoadReport = field(default_factory=LoadReport)
+    state: str = "ready"
+    weight_version: int = 0
+    applied: dict[int, WeightApplied] = field(default_factory=dict)
+    turns_done: int = 0
+
+    @property
+    def executor_id(self) -> str:
+        return self.info.executor_id
+
+    @property
+    def role(self) -> str:
+        return self.info.role
+
+    def status(self, now: float) -> ExecutorStatus:
+        return ExecutorStatus(
+            executor_id=self.executor_id,
+            role=self.info.role,
+            state=self.state,
+            weight_version=self.weight_version,
+            load=self.load,
+            turns_done=self.turns_done,
+            last_seen_s=max(0.0, now - self.last_seen),
+        )

@@ -1,0 +1,1 @@
+"""`rose run`: the embedded end-to-end job on one machine."""

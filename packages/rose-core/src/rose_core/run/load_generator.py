@@ -1,0 +1,163 @@
+"""Bursty production traffic against an OpenAI-compatible `/v1/completions` endpoint.
+
+Arrivals follow a two-state (calm / burst) Markov-modulated Poisson process, open loop: a request's
+latency counts from its scheduled arrival, so an overloaded endpoint shows up as TTFT, not as fewer
+requests. TTFT and TPOT are measured client side from the token stream.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from rose_core.config import LoadConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class ServingSample:
+    arrived: float
+    ttft_s: float
+    tpot_s: float
+    tokens: int
+    ok: bool
+
+
+@dataclass(slots=True, frozen=True)
+class ServingWindow:
+    requests: int
+    failed: int
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    slo_violations: int
+
+
+def arrivals(config: LoadConfig, start: float = 0.0) -> Iterator[float]:
+    """Arrival times of a calm/burst Markov-modulated Poisson process (pure; seeded)."""
+    rng = random.Random(config.seed)
+    t, burst = start, False
+    state_end = t + rng.expovariate(1.0 / config.mean_calm_s)
+    while True:
+        rate = config.burst_rps if burst else config.base_rps
+        t += rng.expovariate(rate)
+        while t > state_end:
+            burst = not burst
+            t = state_end + rng.expovariate(config.burst_rps if burst else config.base_rps)
+            state_end += rng.expovariate(1.0 / (config.mean_burst_s if burst else config.mean_calm_s))
+        yield t
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
+
+
+def summarize(samples: list[ServingSample], slo_ttft_ms: float, slo_tpot_ms: float) -> ServingWindow:
+    good = [s for s in samples if s.ok]
+    violations = sum(
+        1 for s in samples if not s.ok or s.ttft_s * 1e3 > slo_ttft_ms or s.tpot_s * 1e3 > slo_tpot_ms
+    )
+    return ServingWindow(
+        requests=len(samples),
+        failed=len(samples) - len(good),
+        ttft_p99_ms=percentile([s.ttft_s * 1e3 for s in good], 0.99),
+        tpot_p99_ms=percentile([s.tpot_s * 1e3 for s in good if s.tokens > 1], 0.99),
+        slo_violations=violations,
+    )
+
+
+class LoadGenerator:
+    """Runs on its own threads until ``stop()``; ``window(t0, t1)`` summarises what it saw."""
+
+    def __init__(self, endpoint: str, config: LoadConfig, vocab_size: int = 128) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.config = config
+        self._vocab = vocab_size
+        self._rng = random.Random(config.seed + 1)
+        self._samples: list[ServingSample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="rose-load")
+        self._thread = threading.Thread(target=self._run, name="rose-load", daemon=True)
+        self._model = ""
+
+    def start(self) -> None:
+        self._model = self._first_model()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def samples(self) -> list[ServingSample]:
+        with self._lock:
+            return list(self._samples)
+
+    def window(self, t0: float, t1: float, slo_ttft_ms: float, slo_tpot_ms: float) -> ServingWindow:
+        return summarize([s for s in self.samples() if t0 <= s.arrived < t1], slo_ttft_ms, slo_tpot_ms)
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        for at in arrivals(self.config, start):
+            if self._stop.wait(max(0.0, at - time.monotonic())):
+                return
+            self._pool.submit(self._one, at)
+
+    def _one(self, arrived: float) -> None:
+        prompt = [self._rng.randrange(4, self._vocab) for _ in range(self.config.prompt_tokens)]
+        body = {"model": self._model, "prompt": prompt, "max_tokens": self.config.max_tokens, "stream": True,
+                "temperature": 1.0, "ignore_eos": True}
+        try:
+            stamps = self._stream(body)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            log.debug("serving request failed: %s", exc)
+            stamps = []
+        sample = _to_sample(arrived, stamps)
+        with self._lock:
+            self._samples.append(sample)
+
+    def _stream(self, body: dict[str, object]) -> list[float]:
+        url = urlsplit(self.endpoint)
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=60)
+        try:
+            conn.request("POST", f"{url.path}/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {resp.read(200)!r}")
+            stamps = []
+            for line in resp:
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    stamps.append(time.monotonic())
+            return stamps
+        finally:
+            conn.close()
+
+    def _first_model(self) -> str:
+        url = urlsplit(self.endpoint)
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=30)
+        try:
+            conn.request("GET", f"{url.path}/models")
+            data = json.loads(conn.getresponse().read())
+            return str(data["data"][0]["id"])
+        finally:
+            conn.close()
+
+
+def _to_sample(arrived: float, stamps: list[float]) -> ServingSample:
+    if not stamps:
+        return ServingSample(arrived, 0.0, 0.0, 0, ok=False)
+    ttft = stamps[0] - arrived
+    tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
+    return ServingSample(arrived, ttft, tpot, len(stamps), ok=True)

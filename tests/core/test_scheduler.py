@@ -1,0 +1,218 @@
+"""The elastic scheduler: routing order, failure paths, and invariants over random event sequences."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rose_core.config import SchedulerConfig
+from rose_core.scheduler import ElasticScheduler, TurnTicket
+
+
+def ticket(turn: str, traj: str = "x", now: float = 0.0, version: int = 0) -> TurnTicket:
+    return TurnTicket(turn, traj, min_version=version, max_version=version, first_queued_at=now)
+
+
+def sched(capacity: int = 2) -> ElasticScheduler:
+    s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=capacity))
+    s.add_worker(0, "d1", "dedicated", 16, 0)
+    s.add_worker(0, "d2", "dedicated", 16, 0)
+    s.add_worker(0, "s1", "serving", 16, 0)
+    s.borrow([("s1", 0.1)])
+    return s
+
+
+def test_least_loaded_dedicated_first_then_borrowed_then_queue() -> None:
+    s = sched(capacity=1)
+    for i in range(4):
+        s.submit(0, ticket(f"t{i}", f"x{i}"))
+    out = s.schedule(0)
+    assert [(a.worker_id, a.reason) for a in out] == [("d1", "dedicated"), ("d2", "dedicated"), ("s1", "borrowed")]
+    assert len(s.queue) == 1
+
+
+def test_affinity_routes_the_next_turn_back() -> None:
+    s = sched()
+    s.submit(0, ticket("a0", "A"))
+    s.submit(0, ticket("b0", "B"))
+    first = {a.ticket.turn_id: a.worker_id for a in s.schedule(0)}
+    s.complete(1, first["b0"], "b0", 0)
+    s.submit(1, ticket("b1", "B", 1))
+    again = s.schedule(1)
+    assert again[0].worker_id == first["b0"] and again[0].reason == "affinity"
+
+
+def test_serving_worker_without_headroom_or_frozen_is_skipped() -> None:
+    s = ElasticScheduler()
+    s.add_worker(0, "s1", "serving", 4, 0)
+    s.borrow([("s1", 0.0)])
+    s.observe(0, "s1", weight_version=0, slo_headroom=False)
+    s.submit(0, ticket("t"))
+    assert s.schedule(0) == []
+    s.observe(1, "s1", weight_version=0, slo_headroom=True, budget_frozen=True)
+    assert s.schedule(1) == []
+    s.observe(2, "s1", weight_version=0, slo_headroom=True)
+    assert [a.worker_id for a in s.schedule(2)] == ["s1"]
+
+
+def test_unborrowed_serving_workers_are_never_used() -> None:
+    s = ElasticScheduler()
+    s.add_worker(0, "s1", "serving", 4, 0)
+    s.submit(0, ticket("t"))
+    assert s.schedule(0) == []
+
+
+def test_borrow_picks_lowest_kv_usage_once() -> None:
+    s = ElasticScheduler(SchedulerConfig(max_borrowed_workers=2))
+    for wid in ("a", "b", "c"):
+        s.add_worker(0, wid, "serving", 4, 0)
+    assert s.borrow([("a", 0.9), ("b", 0.1), ("c", 0.5)]) == ["b", "c"]
+    assert s.borrow([("a", 0.9), ("b", 0.1), ("c", 0.5)], limit=5) == ["a"]
+
+
+def test_version_window_is_respected() -> None:
+    s = sched()
+    s.submit(0, ticket("t", version=1))
+    assert s.schedule(0) == []
+    s.observe(1, "d2", weight_version=1)
+    assert [a.worker_id for a in s.schedule(1)] == ["d2"]
+
+
+def test_abort_reroutes_and_late_result_is_discarded() -> None:
+    s = sched()
+    s.submit(0, ticket("t"))
+    (a,) = s.schedule(0)
+    assert s.abort(1, a.worker_id, "t", 0, "memory")
+    (b,) = s.schedule(1)
+    assert b.ticket.attempt == 1
+    assert s.complete(2, a.worker_id, "t", 0) == "late"
+    assert s.complete(2, b.worker_id, "t", 1) == "accepted"
+    assert s.complete(3, b.worker_id, "t", 1) == "duplicate"
+    assert s.counters["late_results"] == 1
+
+
+def test_stalled_worker_turns_move_and_it_recovers() -> None:
+    s = sched()
+    s.submit(0, ticket("t"))
+    (a,) = s.schedule(0)
+    for wid in ("d1", "d2", "s1"):
+        if wid != a.worker_id:
+            s.observe(2.5, wid, weight_version=0)
+    assert s.find_stalled(2.5, 2.0) == [a.worker_id]
+    (b,) = s.schedule(2.5)
+    assert b.worker_id != a.worker_id and b.ticket.attempt == 1
+    s.observe(3, a.worker_id, weight_version=0)
+    assert s.workers[a.worker_id].health == "ready"
+
+
+def test_revoked_serving_worker_gives_its_turns_back() -> None:
+    s = ElasticScheduler()
+    s.add_worker(0, "s1", "serving", 4, 0)
+    s.add_worker(0, "d1", "dedicated", 0, 0)
+    s.borrow([("s1", 0.0)])
+    s.submit(0, ticket("t"))
+    (a,) = s.schedule(0)
+    moved = s.revoke(1, "s1")
+    assert [t.turn_id for t in moved] == ["t"]
+    assert s.schedule(1) == []
+
+
+def test_requeued_turns_keep_their_place() -> None:
+    s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=1))
+    s.add_worker(0, "d1", "dedicated", 1, 0)
+    s.submit(0, ticket("old", "A", now=0))
+    (a,) = s.schedule(0)
+    s.submit(5, ticket("new", "B", now=5))
+    s.abort(6, "d1", "old", 0, "memory")
+    (b,) = s.schedule(6)
+    assert b.ticket.turn_id == "old"
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random joins, stalls, aborts, results and revocations: nothing lost, nothing accepted twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=3))
+        self.now = 0.0
+        self.submitted: set[str] = set()
+        self.accepted: list[str] = []
+        self.n = 0
+        self.workers = 0
+
+    @rule(pool=st.sampled_from(["dedicated", "serving"]))
+    def join(self, pool: str) -> None:
+        self.workers += 1
+        wid = f"w{self.workers}"
+        self.s.add_worker(self.now, wid, pool, 3, 0)  # type: ignore[arg-type]
+        if pool == "serving":
+            self.s.borrow([(wid, 0.0)])
+
+    @rule(k=st.integers(1, 4))
+    def submit(self, k: int) -> None:
+        for _ in range(k):
+            self.n += 1
+            tid = f"t{self.n}"
+            self.s.submit(self.now, ticket(tid, f"x{self.n % 5}", self.now))
+            self.submitted.add(tid)
+
+    @rule()
+    def schedule(self) -> None:
+        self.now += 0.1
+        for a in self.s.schedule(self.now):
+            assert a.ticket.turn_id in self.submitted
+
+    @precondition(lambda self: self.s.running > 0)
+    @rule(data=st.data(), late=st.booleans())
+    def finish(self, data: st.DataObject, late: bool) -> None:
+        tid = data.draw(st.sampled_from(sorted(self.s._running)))
+        wid, tk = self.s._running[tid]
+        attempt = tk.attempt - 1 if late else tk.attempt
+        verdict = self.s.complete(self.now, wid, tid, attempt)
+        if verdict == "accepted":
+            self.accepted.append(tid)
+
+    @precondition(lambda self: self.s.running > 0)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(sorted(self.s._running)))
+        wid, tk = self.s._running[tid]
+        self.s.abort(self.now, wid, tid, tk.attempt, "memory")
+
+    @precondition(lambda self: bool(self.s.workers))
+    @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "heartbeat"]))
+    def disturb(self, data: st.DataObject, how: str) -> None:
+        wid = data.draw(st.sampled_from(sorted(self.s.workers)))
+        if how == "stall":
+            self.now += 3
+            for other in self.s.workers:
+                if other != wid:
+                    self.s.observe(self.now, other, weight_version=0)
+            self.s.find_stalled(self.now, 2.0)
+        elif how == "gone":
+            self.s.remove_worker(self.now, wid)
+        elif how == "revoke":
+            self.s.revoke(self.now, wid)
+        else:
+            self.s.observe(self.now, wid, weight_version=0)
+
+    @invariant()
+    def nothing_lost_nothing_twice(self) -> None:
+        queued = [t.turn_id for t in self.s.queue]
+        running = list(self.s._running)
+        done = list(self.accepted)
+        everything = queued + running + done
+        assert len(everything) == len(set(everything)), "a turn is in two places"
+        assert set(everything) == self.submitted, "a turn was lost"
+
+    @invariant()
+    def workers_run_what_the_scheduler_thinks(self) -> None:
+        for tid, (wid, tk) in self.s._running.items():
+            worker = self.s.workers.get(wid)
+            assert worker is not None and worker.in_flight.get(tid) == tk.attempt
+            assert worker.load <= worker.capacity
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
