@@ -36,7 +36,6 @@ class ControllerConfig(_Section):
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 2.0
     status_interval_s: float = 0.5
-    register_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s)
@@ -73,7 +72,7 @@ class SloConfig(_Section):
 
 class RLConfig(_Section):
     steps: int = 3
-    prompts_per_step: int = 2
+    prompts_per_step: int = 3
     group_size: int = 4
     max_turns: int = 4
     max_tokens_per_turn: int = 8
@@ -124,7 +123,8 @@ class ExecutorsConfig(_Section):
     dedicated: int = 1
     serving: int = 1
     kv_cache_gib: float = 1.0
-    rollout_capacity: int = 16
+    rollout_capacity: int = 4
+    """Concurrent turns per executor: small, so one dedicated executor saturates and the borrowed one helps."""
     start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:

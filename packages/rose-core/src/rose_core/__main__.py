@@ -1,0 +1,3 @@
+from rose_core.cli import main
+
+main()

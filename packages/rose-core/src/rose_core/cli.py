@@ -1,0 +1,123 @@
+"""The `rose` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from rose_core import __version__
+from rose_core.config import RunConfig, dump_config, load_config
+from rose_core.errors import RoseError
+from rose_core.messages import StepStatus
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"rose: error: {message}", err=True)
+    sys.exit(code)
+
+
+class _RoseGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RoseError as exc:
+            _fail(str(exc))
+
+
+@click.group(cls=_RoseGroup)
+@click.version_option(__version__, prog_name="rose")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """ROSE: agentic RL rollouts on the idle capacity of a serving fleet, without breaking its SLOs."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults.")
+@click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
+@click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+def run(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool) -> None:
+    """Run the embedded job: controller, executors, production traffic and GRPO steps, on this machine."""
+    from rose_core.run.rose_run import run as run_job
+    from rose_core.run.run_report import format_table, step_row
+
+    config = load_config(config_path)
+    if steps is not None:
+        config.rl.steps = steps
+    if port is not None:
+        config.controller.port = port
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    progress = _progress_printer(sys.stderr.isatty() and not as_json)
+    printed_header = [False]
+
+    def on_step(step: Any) -> None:
+        if as_json:
+            return
+        table = format_table([step]).splitlines()
+        click.echo("\r" + " " * 100 + "\r", nl=False)
+        if not printed_header[0]:
+            click.echo("\n".join(table[:2]))
+            printed_header[0] = True
+        click.echo(table[2] if len(table) > 2 else "  ".join(step_row(step)))
+
+    report = run_job(config, say, progress=progress, on_step=on_step)
+    data = report.to_dict()
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(json.dumps(data, indent=2))
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        _print_summary(data, report_path)
+    sys.exit(0 if report.ok else 1)
+
+
+def _progress_printer(enabled: bool) -> Any:
+    def show(status: StepStatus) -> None:
+        if enabled:
+            line = (f"step {status.step} [{status.phase}] v{status.weight_version}  trajectories "
+                    f"{status.trajectories_done}/{status.trajectories_total}  turns running {status.turns_in_flight}"
+                    f" queued {status.turns_queued}")
+            click.echo("\r" + line.ljust(100), nl=False, err=True)
+    return show
+
+
+def _print_summary(data: dict[str, Any], report_path: str | None) -> None:
+    click.echo(
+        f"\nok={data['ok']}  lost_trajectories={data['lost_trajectories']}  "
+        f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']}  "
+        f"serving requests={data['serving_requests']} (failed {data['serving_failed_requests']}, "
+        f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
+        f"TPOT<={data['slo_tpot_ms']:.0f}ms)"
+    )
+    if data["error"]:
+        click.echo(f"stopped early: {data['error']}")
+    if report_path:
+        click.echo(f"report: {report_path}")
+
+
+@main.group()
+def config() -> None:
+    """Inspect configuration."""
+
+
+@config.command("show")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Show this file merged over defaults.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of TOML.")
+def config_show(config_path: str | None, as_json: bool) -> None:
+    """Print every setting with its value (defaults unless --config)."""
+    cfg = load_config(config_path) if config_path else RunConfig()
+    click.echo(msgspec.json.format(msgspec.json.encode(cfg)).decode() if as_json else dump_config(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""`rose run`: the whole system on one machine, as separate processes talking the protocol.
+
+The launcher owns the controller (this process), the trainer and the load generator, and starts every
+executor as a child process (`python -m rose_executor`). Whatever happens (an error, Ctrl-C, SIGTERM), every
+child is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import tomli_w
+
+from rose_core.auth import write_new_secret
+from rose_core.config import RunConfig
+from rose_core.controller.controller import Controller
+from rose_core.errors import MissingExtraError, RoseError
+from rose_core.messages import StepStatus
+from rose_core.metrics import serve_metrics
+from rose_core.run.child_processes import ChildProcesses
+from rose_core.run.load_generator import LoadGenerator
+from rose_core.run.rl_job import RLJob
+from rose_core.run.run_report import RunReport
+from rose_core.weights import WeightPublisher, load_publisher
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+
+def require_extras() -> None:
+    """One clear line for each optional component `rose run` needs."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        raise MissingExtraError("the trainer (torch, transformers)", "rose-core[train]")
+    if importlib.util.find_spec("rose_executor") is None:
+        raise MissingExtraError("rose-executor", "rose-executor[cpu]")
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingExtraError("vLLM for the executors", "rose-executor[cpu]")
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, index: int) -> dict[str, Any]:
+    ex = config.executors
+    section: dict[str, Any] = {
+        "policy_model": str(policy),
+        "kv_cache_gib": ex.kv_cache_gib,
+        "rollout_capacity": ex.rollout_capacity,
+        "slo_ttft_ms": config.slo.ttft_ms,
+        "slo_tpot_ms": config.slo.tpot_ms,
+        "headroom_fraction": config.slo.headroom_fraction,
+        "weights_dir": str(Path(config.run_dir).resolve() / "weights" / f"{role}-{index}"),
+    }
+    if role == "serving":
+        section.update(serving_model=str(serving), serving_host="127.0.0.1", serving_port=0)
+    return section
+
+
+class Launch:
+    """Everything `rose run` starts, in the order it is stopped."""
+
+    def __init__(self, config: RunConfig, say: Say) -> None:
+        self.config = config
+        self.say = say
+        self.run_dir = Path(config.run_dir).resolve()
+        self.secret_path = self.run_dir / "secret"
+        self.secret = write_new_secret(self.secret_path)
+        self.children = ChildProcesses(self.run_dir / "logs")
+        self.controller: Controller | None = None
+        self.publisher: WeightPublisher | None = None
+        self.load: LoadGenerator | None = None
+
+    def start(self) -> tuple[Controller, WeightPublisher]:
+        from rose_core.rl.models import ensure_models
+
+        cfg = self.config
+        self.say(f"models: {Path(cfg.models_dir).resolve()} (generated once, then cached)")
+        models = ensure_models(Path(cfg.models_dir))
+        self.controller = Controller(cfg, self.secret)
+        metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
+        self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
+        self.say(f"controller {self.controller.address}  metrics {metrics_url}")
+        self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.secret_path}")
+        self._start_executors(models.policy, models.serving)
+        return self.controller, self.publisher
+
+    def _start_executors(self, policy: Path, serving: Path) -> None:
+        assert self.controller is not None
+        ex = self.config.executors
+        roles = [("dedicated", i) for i in range(ex.dedicated)] + [("serving", i) for i in range(ex.serving)]
+        for role, i in roles:
+            path = self.run_dir / f"executor-{role}-{i}.toml"
+            path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
+            argv = [sys.executable, "-m", "rose_executor", "--controller", self.controller.address, "--role", role,
+                    "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
+                    "--metrics-port", "0"]
+            self.children.start(f"executor-{role}-{i}", argv, {"VLLM_CPU_KVCACHE_SPACE": str(ex.kv_cache_gib)})
+        self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
+        t0 = time.monotonic()
+        self.controller.wait_for_executors(len(roles), ex.start_timeout_s, alive=self.children.check_alive)
+        self.say(f"executors ready in {time.monotonic() - t0:.0f}s: " + ", ".join(
+            f"{r.executor_id} ({r.role})" for r in self.controller.executors.values()))
+
+    def start_load(self) -> LoadGenerator | None:
+        assert self.controller is not None
+        endpoints = [r.info.serving_endpoint for r in self.controller.executors.values() if r.info.serving_endpoint]
+        if not self.config.load.enabled or not endpoints:
+            return None
+        self.load = LoadGenerator(endpoints[0], self.config.load)
+        self.load.start()
+        self.say(f"production traffic -> {endpoints[0]} (bursty, {self.config.load.base_rps}-"
+                 f"{self.config.load.burst_rps} req/s)")
+        return self.load
+
+    def stop(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+        if self.controller is not None:
+            self.controller.finished = True
+            self.controller.publish_status(time.monotonic())
+            try:
+                self.controller.shutdown_executors("run finished", timeout=30)
+            finally:
+                self.children.stop_all()
+                self.controller.close()
+        else:
+            self.children.stop_all()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | None = None,
+        on_step: Callable[[Any], None] | None = None) -> RunReport:
+    """Run the embedded job; always returns a report (with ``error`` set if it stopped early)."""
+    require_extras()
+    report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
+    launch = Launch(config, say)
+    with sigterm_as_interrupt():
+        try:
+            controller, publisher = launch.start()
+            load = launch.start_load()
+            job = _make_job(config, controller, publisher, load, launch, progress)
+            for step in range(1, config.rl.steps + 1):
+                step_report = job.run_step(step)
+                report.add(step_report)
+                if on_step is not None:
+                    on_step(step_report)
+            _finish(report, controller, load, config)
+        except KeyboardInterrupt:
+            report.error = "interrupted"
+            say("interrupted: stopping every process")
+        except (RoseError, TimeoutError, RuntimeError) as exc:
+            report.error = str(exc)
+            raise
+        finally:
+            launch.stop()
+    return report
+
+
+def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublisher, load: LoadGenerator | None,
+              launch: Launch, progress: Callable[[StepStatus], None] | None) -> RLJob:
+    from rose_core.rl.models import ensure_models, load_tokenizer
+    from rose_core.rl.trainer import PolicyTrainer
+
+    models = ensure_models(Path(config.models_dir))
+    rl = config.rl
+    trainer = PolicyTrainer(models.policy, lr=rl.lr, clip_eps=rl.clip_eps, epochs=rl.epochs, seed=rl.seed)
+    return RLJob(controller, config, load_tokenizer(models.policy), trainer, publisher, load,
+                 watchdog=launch.children.check_alive, on_progress=progress)
+
+
+def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
+    report.late_results = controller.stats.late_results
+    report.executors = [
+        {"executor_id": r.executor_id, "role": r.role, "weight_version": r.weight_version, "turns_done": r.turns_done}
+        for r in controller.executors.values()
+    ]
+    if load is not None:
+        whole = load.window(0.0, float("inf"), config.slo.ttft_ms, config.slo.tpot_ms)
+        report.serving_requests = whole.requests
+        report.serving_failed_requests = whole.failed
+        report.serving_slo_violations = whole.slo_violations
