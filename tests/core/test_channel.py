@@ -71,7 +71,7 @@ def test_wrong_secret_is_rejected_counted_and_told(server: ControlServer) -> Non
         assert isinstance(notice[1], m.ErrorReport) and notice[1].code == "unauthenticated"
         assert "secret" in notice[1].message
         good.send(hello("good"))
-        peer, msg = server.recv(5)
+        peer, _msg = server.recv(5)
         assert peer == b"good"
     assert rejected("unauthenticated") == before + 1
     assert server.recv(0.2) is None
@@ -125,7 +125,7 @@ def test_oversized_messages_are_rejected() -> None:
 
 
 def test_busy_port_is_one_clear_error(server: ControlServer) -> None:
-    with pytest.raises(RoseError, match="cannot listen on .*pick a free port"):
+    with pytest.raises(RoseError, match=r"cannot listen on .*pick a free port"):
         ControlServer(server.address, SECRET)
 
 

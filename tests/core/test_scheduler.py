@@ -112,7 +112,7 @@ def test_revoked_serving_worker_gives_its_turns_back() -> None:
     s.add_worker(0, "d1", "dedicated", 0, 0)
     s.borrow([("s1", 0.0)])
     s.submit(0, ticket("t"))
-    (a,) = s.schedule(0)
+    (_a,) = s.schedule(0)
     moved = s.revoke(1, "s1")
     assert [t.turn_id for t in moved] == ["t"]
     assert s.schedule(1) == []
@@ -122,7 +122,7 @@ def test_requeued_turns_keep_their_place() -> None:
     s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=1))
     s.add_worker(0, "d1", "dedicated", 1, 0)
     s.submit(0, ticket("old", "A", now=0))
-    (a,) = s.schedule(0)
+    (_a,) = s.schedule(0)
     s.submit(5, ticket("new", "B", now=5))
     s.abort(6, "d1", "old", 0, "memory")
     (b,) = s.schedule(6)

@@ -47,6 +47,24 @@ def main(verbose: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
 def run(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool) -> None:
     """Run the embedded job: controller, executors, production traffic and GRPO steps, on this machine."""
+    _run_job(config_path, steps, report_path, port, as_json, spawn=True, secret_file=None)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults.")
+@click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
+@click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+def controller(config_path: str | None, steps: int | None, report_path: str | None, port: int | None,
+               secret_file: str | None, as_json: bool) -> None:
+    """Run the controller and trainer for executors started on their own hosts (a real fleet)."""
+    _run_job(config_path, steps, report_path, port, as_json, spawn=False, secret_file=secret_file)
+
+
+def _run_job(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool,
+             *, spawn: bool, secret_file: str | None) -> None:
     from rose_core.run.rose_run import run as run_job
     from rose_core.run.run_report import format_table, step_row
 
@@ -69,7 +87,7 @@ def run(config_path: str | None, steps: int | None, report_path: str | None, por
             printed_header[0] = True
         click.echo(table[2] if len(table) > 2 else "  ".join(step_row(step)))
 
-    report = run_job(config, say, progress=progress, on_step=on_step)
+    report = run_job(config, say, progress=progress, on_step=on_step, spawn=spawn, secret_file=secret_file)
     data = report.to_dict()
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

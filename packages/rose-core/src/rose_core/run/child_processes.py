@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -77,7 +78,5 @@ class ChildProcesses:
 
     def _signal_all(self, sig: int) -> None:
         for child in self.children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.proc.pid, sig)
-            except ProcessLookupError:
-                pass

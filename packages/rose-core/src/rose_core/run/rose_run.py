@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from rose_core.auth import write_new_secret
+from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
 from rose_core.config import RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.errors import MissingExtraError, RoseError
@@ -36,10 +37,14 @@ log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 
 
-def require_extras() -> None:
+def require_extras(need_executor: bool = True) -> None:
     """One clear line for each optional component `rose run` needs."""
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         raise MissingExtraError("the trainer (torch, transformers)", "rose-core[train]")
+    if importlib.util.find_spec("rose_transfer") is None:
+        raise MissingExtraError("rose-transfer (the weight data plane)", "rose-transfer")
+    if not need_executor:
+        return
     if importlib.util.find_spec("rose_executor") is None:
         raise MissingExtraError("rose-executor", "rose-executor[cpu]")
     if importlib.util.find_spec("vllm") is None:
@@ -77,12 +82,17 @@ def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, i
 class Launch:
     """Everything `rose run` starts, in the order it is stopped."""
 
-    def __init__(self, config: RunConfig, say: Say) -> None:
+    def __init__(self, config: RunConfig, say: Say, secret_file: str | None = None, spawn: bool = True) -> None:
         self.config = config
         self.say = say
+        self.spawn = spawn
         self.run_dir = Path(config.run_dir).resolve()
-        self.secret_path = self.run_dir / "secret"
-        self.secret = write_new_secret(self.secret_path)
+        if spawn:
+            self.secret_path = self.run_dir / "secret"
+            self.secret = write_new_secret(self.secret_path)
+        else:
+            self.secret = load_secret(secret_file)
+            self.secret_path = Path(secret_file or os.environ.get(SECRET_FILE_ENV, "$ROSE_SECRET"))
         self.children = ChildProcesses(self.run_dir / "logs")
         self.controller: Controller | None = None
         self.publisher: WeightPublisher | None = None
@@ -99,8 +109,18 @@ class Launch:
         self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}")
         self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.secret_path}")
-        self._start_executors(models.policy, models.serving)
+        if self.spawn:
+            self._start_executors(models.policy, models.serving)
+        else:
+            self._await_executors()
         return self.controller, self.publisher
+
+    def _await_executors(self) -> None:
+        assert self.controller is not None
+        ex = self.config.executors
+        wanted = ex.dedicated + ex.serving
+        self.say(f"waiting for {wanted} executors: rose-executor --controller {self.controller.address} ...")
+        self.controller.wait_for_executors(wanted, ex.start_timeout_s)
 
     def _start_executors(self, policy: Path, serving: Path) -> None:
         assert self.controller is not None
@@ -148,11 +168,16 @@ class Launch:
 
 
 def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | None = None,
-        on_step: Callable[[Any], None] | None = None) -> RunReport:
-    """Run the embedded job; always returns a report (with ``error`` set if it stopped early)."""
-    require_extras()
+        on_step: Callable[[Any], None] | None = None, *, spawn: bool = True,
+        secret_file: str | None = None) -> RunReport:
+    """Run the job; always returns a report (with ``error`` set if it stopped early).
+
+    ``spawn=True`` (``rose run``) starts the executors here; ``spawn=False`` (``rose controller``) waits for
+    executors started on their own hosts with the same shared secret.
+    """
+    require_extras(need_executor=spawn)
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
-    launch = Launch(config, say)
+    launch = Launch(config, say, secret_file, spawn)
     with sigterm_as_interrupt():
         try:
             controller, publisher = launch.start()

@@ -171,7 +171,7 @@ class ElasticScheduler:
         if running is None or running[0] != worker_id or running[1].attempt != attempt:
             self.counters["stale_aborts"] += 1
             return False
-        self._requeue(turn_id, f"aborted_{reason.split(':')[0]}")
+        self._requeue(turn_id, f"aborted_{reason.split(':', maxsplit=1)[0]}")
         return True
 
     def finish_trajectory(self, trajectory_id: str) -> None:
