@@ -145,10 +145,13 @@ class RunConfig(_Section):
     run_dir: str = ".rose/run"
 
 
-def load_config(path: str | os.PathLike[str] | None, type_: type[T] = RunConfig) -> T:  # type: ignore[assignment]
-    """The config in ``path`` (TOML) over the defaults; ``None`` gives the defaults."""
-    if path is None:
-        return type_()
+def load_config(path: str | os.PathLike[str] | None) -> RunConfig:
+    """The job config in ``path`` (TOML) over the defaults; ``None`` gives the defaults."""
+    return RunConfig() if path is None else load_toml(path, RunConfig)
+
+
+def load_toml(path: str | os.PathLike[str], type_: type[T]) -> T:
+    """Any config Struct from a TOML file, with one-line errors naming the field."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:

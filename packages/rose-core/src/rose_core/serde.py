@@ -62,7 +62,7 @@ class Encoder:
         shape = list(arr.shape)
         if arr.nbytes <= self._inline_limit:
             return [dtype, shape, arr.tobytes()]
-        self._frames.append(memoryview(arr).cast("B") if arr.ndim else arr.tobytes())
+        self._frames.append(arr.data.cast("B") if arr.ndim else arr.tobytes())
         return [dtype, shape, len(self._frames) - 1]
 
 

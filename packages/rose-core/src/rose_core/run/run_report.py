@@ -40,7 +40,7 @@ class RunReport:
         self.turns_rerouted += step.turns_rerouted
 
     def to_dict(self) -> dict[str, Any]:
-        data = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        data = {k: getattr(self, k) for k in self.__slots__}
         data["steps"] = [asdict(s) for s in self.steps]
         data["ok"] = self.ok
         return data
