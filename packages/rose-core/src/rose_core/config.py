@@ -78,7 +78,7 @@ class RLConfig(_Section):
     max_tokens_per_turn: int = 8
     max_context_tokens: int = 512
     temperature: float = 1.0
-    lr: float = 1e-4
+    lr: float = 1e-3
     clip_eps: float = 0.2
     epochs: int = 2
     env_size: int = 4

@@ -1,0 +1,271 @@
+"""The reference trainer: a Hugging Face policy in fp32 master weights, updated with clipped GRPO.
+
+Synchronous and on-policy: old logprobs are recomputed by the trainer before each update, so the samplers'
+logprobs serve only as a check (``TrainStats.logprob_gap``). One of the two modules that import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rose_core.errors import MissingExtraError, RoseError
+from rose_core.rl.models import iter_safetensors_names, quiet_progress
+from rose_core.rl.sample import TrainSample
+
+try:
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise MissingExtraError("torch", "rose-core[train]") from error
+
+_COPIED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass(slots=True, frozen=True)
+class TrainStats:
+    """One ``train_step``. ``clip_fraction`` counts token updates (over all epochs) whose ratio was clipped;
+    ``approx_kl`` is the k3 estimate of KL(old || new) on the sampled tokens after the step."""
+
+    loss: float
+    clip_fraction: float
+    approx_kl: float
+    tokens: int
+    seconds: float
+    samples: int = 0
+    grad_norm: float = 0.0
+    logprob_gap: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class TrainerConfig:
+    """Optimizer and loss settings; ``threads`` is torch's intra-op thread count (the demo shares 2 cores)."""
+
+    lr: float = 1e-4
+    clip_eps: float = 0.2
+    epochs: int = 2
+    seed: int = 0
+    threads: int = 1
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr > 0.0):
+            raise ValueError(f"learning rate {self.lr} must be positive")
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ValueError(f"clip_eps {self.clip_eps} must be in (0, 1)")
+        if min(self.epochs, self.threads, self.micro_batch_size) < 1:
+            raise ValueError("epochs, threads and micro_batch_size must each be at least 1")
+        if not self.max_grad_norm > 0.0:
+            raise ValueError(f"max_grad_norm {self.max_grad_norm} must be positive")
+
+
+@dataclass(slots=True)
+class _Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    behaviour: torch.Tensor
+
+
+class PolicyTrainer:
+    """Holds the policy loaded from ``model_dir`` (bf16 on disk) as fp32 parameters with AdamW."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        lr: float = 1e-4,
+        clip_eps: float = 0.2,
+        epochs: int = 2,
+        seed: int = 0,
+        threads: int = 1,
+        max_grad_norm: float = 1.0,
+        micro_batch_size: int = 32,
+    ) -> None:
+        self.config = TrainerConfig(lr, clip_eps, epochs, seed, threads, max_grad_norm, micro_batch_size)
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.model_dir = model_dir
+        self.steps = 0
+        self.model = _load_policy(model_dir)
+        self.names = _checkpoint_names(model_dir, self.model)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    def train_step(self, samples: Sequence[TrainSample]) -> TrainStats:
+        """One clipped-GRPO update (``epochs`` optimizer steps) over the samples' response tokens.
+
+        The old logprobs are the first epoch's own forward pass (detached): the update is on-policy.
+        """
+        started = time.perf_counter()
+        batches = self._batches(samples)
+        tokens = sum(int(b.mask.sum()) for b in batches)
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        losses, clipped, grad_norm = [], 0.0, 0.0
+        for _ in range(self.config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = 0.0
+            for index, batch in enumerate(batches):
+                step_loss, step_clipped, old[index] = self._backward(batch, old[index], tokens)
+                loss += step_loss
+                clipped += step_clipped
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+            self.optimizer.step()
+            losses.append(loss)
+        before = [o for o in old if o is not None]
+        self.steps += 1
+        return TrainStats(
+            loss=sum(losses) / len(losses),
+            clip_fraction=clipped / (tokens * self.config.epochs),
+            approx_kl=self._approx_kl(batches, before) / tokens,
+            tokens=tokens,
+            seconds=time.perf_counter() - started,
+            samples=len(samples),
+            grad_norm=grad_norm,
+            logprob_gap=_gap(batches, before) / tokens,
+        )
+
+    def response_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Current logprobs of each sample's response tokens (in the samples' order)."""
+        batches = self._batches(samples, sort=False)
+        result: list[list[float]] = []
+        for batch in batches:
+            values = self._logprobs(batch, grad=False)
+            for row, mask in zip(values, batch.mask, strict=True):
+                result.append(row[mask.bool()].tolist())
+        return result
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """bf16 contiguous copies under the checkpoint's own tensor names (what vLLM's loader maps)."""
+        state = self.model.state_dict()
+        return {name: state[name].detach().to(torch.bfloat16).contiguous() for name in self.names}
+
+    def save(self, directory: Path) -> None:
+        """A bf16 model directory (config, tokenizer, safetensors) that vLLM and transformers load."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in _COPIED_FILES:
+            if (self.model_dir / name).is_file():
+                shutil.copyfile(self.model_dir / name, directory / name)
+        save_file(self.export_weights(), str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    def _backward(self, batch: _Batch, old: torch.Tensor | None, tokens: int) -> tuple[float, float, torch.Tensor]:
+        """Accumulate the clipped surrogate's gradient; returns (loss, clipped tokens, old logprobs)."""
+        new = self._logprobs(batch, grad=True)
+        if old is None:
+            old = new.detach()
+        ratio = torch.exp(new - old)
+        advantages = batch.advantages[:, None]
+        bounded = torch.clamp(ratio, 1.0 - self.config.clip_eps, 1.0 + self.config.clip_eps)
+        per_token = -torch.minimum(ratio * advantages, bounded * advantages)
+        loss = (per_token * batch.mask).sum() / tokens
+        loss.backward()  # type: ignore[no-untyped-call]
+        active = ((ratio > 1.0 + self.config.clip_eps) & (advantages > 0)) | (
+            (ratio < 1.0 - self.config.clip_eps) & (advantages < 0)
+        )
+        return float(loss.detach()), float((active.float() * batch.mask).sum()), old
+
+    def _approx_kl(self, batches: list[_Batch], old: list[torch.Tensor]) -> float:
+        total = 0.0
+        for batch, old_logprobs in zip(batches, old, strict=True):
+            log_ratio = self._logprobs(batch, grad=False) - old_logprobs
+            total += float(((torch.exp(log_ratio) - 1.0 - log_ratio) * batch.mask).sum())
+        return total
+
+    def _logprobs(self, batch: _Batch, *, grad: bool) -> torch.Tensor:
+        """Logprobs of the response tokens, zero where masked. The model stays in eval mode (no dropout)."""
+        with torch.set_grad_enabled(grad):
+            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            picked = logits.gather(1, batch.positions[:, :, None].expand(-1, -1, logits.shape[-1]))
+            logprobs = torch.log_softmax(picked.float(), dim=-1)
+            return logprobs.gather(2, batch.targets[:, :, None]).squeeze(2) * batch.mask
+
+    def _batches(self, samples: Sequence[TrainSample], *, sort: bool = True) -> list[_Batch]:
+        if not samples:
+            raise ValueError("no samples to train on: pass at least one TrainSample")
+        for sample in samples:
+            self._check_sample(sample)
+        ordered = sorted(samples, key=lambda s: s.length) if sort else list(samples)
+        size = self.config.micro_batch_size
+        return [_collate(ordered[i : i + size], self.pad_id) for i in range(0, len(ordered), size)]
+
+    def _check_sample(self, sample: TrainSample) -> None:
+        if sample.length > self.max_length:
+            raise ValueError(
+                f"sample {sample.trajectory_id}/{sample.turn_index} has {sample.length} tokens, over the "
+                f"model's {self.max_length}: lower max_prompt_tokens"
+            )
+        highest = max(*sample.prompt_token_ids, *sample.response_token_ids)
+        if highest >= self.vocab_size:
+            raise ValueError(
+                f"token id {highest} is outside the policy's vocabulary of {self.vocab_size}: "
+                "tokenize with the policy's own tokenizer"
+            )
+
+
+def _gap(batches: Sequence[_Batch], old: Sequence[torch.Tensor]) -> float:
+    """Summed |trainer - sampler| logprob over response tokens: large values mean stale or wrong weights."""
+    return sum(float(((o - b.behaviour).abs() * b.mask).sum()) for o, b in zip(old, batches, strict=True))
+
+
+def _collate(samples: Sequence[TrainSample], pad_id: int) -> _Batch:
+    width = max(s.length for s in samples)
+    depth = max(len(s.response_token_ids) for s in samples)
+    rows = len(samples)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    positions = torch.zeros((rows, depth), dtype=torch.long)
+    targets = torch.zeros((rows, depth), dtype=torch.long)
+    mask = torch.zeros((rows, depth), dtype=torch.float32)
+    behaviour = torch.zeros((rows, depth), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        prompt, response = len(sample.prompt_token_ids), len(sample.response_token_ids)
+        input_ids[row, : sample.length] = torch.tensor(sample.prompt_token_ids + sample.response_token_ids)
+        attention_mask[row, : sample.length] = 1
+        positions[row, :response] = torch.arange(prompt - 1, prompt - 1 + response)
+        targets[row, :response] = torch.tensor(sample.response_token_ids)
+        mask[row, :response] = 1.0
+        behaviour[row, :response] = torch.tensor(sample.behaviour_logprobs)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return _Batch(input_ids, attention_mask, positions, targets, mask, advantages, behaviour)
+
+
+def _load_policy(model_dir: Path) -> transformers.PreTrainedModel:
+    if not (model_dir / "config.json").is_file():
+        raise RoseError(f"no model at {model_dir}: run ensure_models() or pass a Hugging Face model directory")
+    with quiet_progress():
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+def _checkpoint_names(model_dir: Path, model: transformers.PreTrainedModel) -> tuple[str, ...]:
+    names = tuple(iter_safetensors_names(model_dir))
+    missing = sorted(set(names) - set(model.state_dict()))
+    if not names or missing:
+        raise RoseError(
+            f"the checkpoint in {model_dir} does not match its model ({missing[:3]} not found): regenerate it"
+        )
+    return names

@@ -1,0 +1,71 @@
+"""The embedded demo's generated tokenizer and tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from rose_core.errors import RoseError
+from rose_core.rl.frozenlake import ACTION_WORDS, FrozenLakeEnv
+from rose_core.rl.models import MARKER, VOCAB_SIZE, ModelPaths, ensure_models, load_tokenizer
+
+
+def test_models_have_the_specified_shapes(models: ModelPaths) -> None:
+    policy, serving = AutoConfig.from_pretrained(models.policy), AutoConfig.from_pretrained(models.serving)
+    assert policy.architectures == ["LlamaForCausalLM"] and serving.architectures == ["Qwen2ForCausalLM"]
+    shape = lambda c: (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.num_hidden_layers)  # noqa: E731
+    assert shape(policy) == (128, 4, 2, 2) and policy.intermediate_size == 256 and policy.head_dim == 32
+    assert shape(serving) == (256, 4, 4, 2) and serving.intermediate_size == 512 and serving.head_dim == 64
+    assert policy.max_position_embeddings == 2048 and policy.tie_word_embeddings is False
+    assert policy.vocab_size == serving.vocab_size == VOCAB_SIZE
+    for directory in (models.policy, models.serving):
+        with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+            assert {handle.get_tensor(k).dtype for k in handle.keys()} == {torch.bfloat16}  # noqa: SIM118
+
+
+def test_models_load_and_generate_with_transformers(models: ModelPaths) -> None:
+    for directory in (models.policy, models.serving):
+        model = AutoModelForCausalLM.from_pretrained(directory)
+        ids = torch.tensor([[1, 20, 30, 40]])
+        out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert out.shape == (1, 7)
+
+
+def test_both_directories_tokenize_identically_with_a_chat_template(models: ModelPaths) -> None:
+    codec = load_tokenizer(models.policy)
+    observation = FrozenLakeEnv(seed=1).reset()
+    chat = [{"role": "user", "content": "hello, how are you today?"}]
+    rendered = []
+    for directory in (models.policy, models.serving):
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        assert tokenizer(observation, add_special_tokens=False).input_ids == codec.encode(observation)
+        rendered.append(tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True))
+    assert rendered[0] == rendered[1]
+    assert codec.decode(codec.encode(observation)) == observation
+    assert codec.vocab_size == VOCAB_SIZE and codec.bos_id is not None and codec.eos_id != codec.pad_id
+    for word in ACTION_WORDS:
+        assert len(codec.encode(word)) == 1 and len(codec.encode(" " + word)) == 1
+
+
+def test_generation_is_cached_and_redone_when_interrupted(tmp_path: Path) -> None:
+    paths = ensure_models(tmp_path)
+    weights = paths.policy / "model.safetensors"
+    first_bytes, first_mtime = weights.read_bytes(), weights.stat().st_mtime_ns
+    assert json.loads((tmp_path / MARKER).read_text())["format"] >= 1
+    assert ensure_models(tmp_path) == paths
+    assert weights.stat().st_mtime_ns == first_mtime
+    (tmp_path / MARKER).unlink()
+    (paths.serving / "model.safetensors").unlink()
+    ensure_models(tmp_path)
+    assert weights.read_bytes() == first_bytes
+    assert (paths.serving / "model.safetensors").is_file()
+
+
+def test_missing_tokenizer_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(RoseError, match="ensure_models"):
+        load_tokenizer(tmp_path)
