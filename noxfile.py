@@ -30,7 +30,7 @@ PACKAGE_TESTS = {
     "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
     "transfer": ([CORE, TRANSFER], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai"], ["tests/executor"]),
-    "tui": ([CORE, TUI], ["tests/tui"]),
+    "tui": ([CORE, TUI, "pytest-textual-snapshot>=1.1"], ["tests/tui"]),
 }
 
 

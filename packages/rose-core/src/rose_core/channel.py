@@ -12,6 +12,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,8 @@ class _Endpoint:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._notified: set[tuple[bytes, str]] = set()
+        self._queued = 0
+        self._forwarded = 0
         self.rejected = 0
 
     # ---------------------------------------------------------------- lifecycle
@@ -67,14 +70,18 @@ class _Endpoint:
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 0.5) -> None:
+        """Stop; messages sent before this call get up to ``flush_s`` seconds to leave."""
+        deadline = time.monotonic() + flush_s
+        while self._thread is not None and self._forwarded < self._queued and time.monotonic() < deadline:
+            time.sleep(0.005)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._push_lock:
             self._push.close(0)
         self._pull.close(0)
-        self._sock.close(0)
+        self._sock.close(linger=int(max(0.0, deadline - time.monotonic()) * 1000))
         self._ctx.term()
 
     def __enter__(self) -> _Endpoint:
@@ -121,7 +128,9 @@ class _Endpoint:
             try:
                 self._sock.send_multipart(frames, copy=False)
             except zmq.ZMQError as exc:
-                log.warning("dropped an outgoing message: %s", exc)
+                log.debug("dropped an outgoing message: %s", exc)
+            finally:
+                self._forwarded += 1
 
     def _drain_inbound(self, framer: Framer) -> None:
         for _ in range(1024):
@@ -156,6 +165,7 @@ class _Endpoint:
         with self._push_lock:
             frames = self._route(peer, self._send_framer.seal(msg))
             self._push.send_multipart(frames, copy=False)
+            self._queued += 1
 
     # ---------------------------------------------------------------- per socket type
 

@@ -284,6 +284,8 @@ class StatusSnapshot(_Msg, tag="status"):
     weight_sync_bytes: int = 0
     history: list[StepStatus] = []
     finished: bool = False
+    started_at: float = 0.0
+    """Wall-clock time (epoch seconds) the controller started; ``time - started_at`` is the run's age."""
 
 
 # ---------------------------------------------------------------- channel unions

@@ -85,6 +85,7 @@ class Controller:
         self._peers: dict[bytes, str] = {}
         self._observers: set[bytes] = set()
         self._next_status = 0.0
+        self.started_at = time.time()
         cc = config.controller
         self.server = ControlServer(f"tcp://{cc.host}:{cc.port}", secret)
         self.address = self.server.address
@@ -176,6 +177,7 @@ class Controller:
             weight_sync_bytes=self.weight_sync[1],
             history=self.history[-50:],
             finished=self.finished,
+            started_at=self.started_at,
         )
 
     def publish_status(self, now: float) -> None:

@@ -1,0 +1,48 @@
+"""``rose-tui --connect tcp://HOST:PORT``: the live dashboard of a ROSE controller."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from rose_core.auth import load_secret
+from rose_core.errors import RoseError
+from rose_tui import __version__
+
+EXIT_USAGE = 2
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--connect",
+    "address",
+    required=True,
+    metavar="tcp://HOST:PORT",
+    help="The controller's control address.",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The shared secret (default: $ROSE_SECRET_FILE, else $ROSE_SECRET).",
+)
+@click.option(
+    "--stall-after",
+    type=click.FloatRange(min=0.5),
+    default=3.0,
+    show_default=True,
+    help="Seconds without a status before the controller is shown as unreachable.",
+)
+@click.version_option(__version__, prog_name="rose-tui")
+def main(address: str, secret_file: str | None, stall_after: float) -> None:
+    """Live dashboard of a ROSE controller: executors, the RL step, serving latency against the SLO."""
+    from rose_tui.app import RoseTui
+    from rose_tui.status_feed import StatusFeed
+
+    try:
+        feed = StatusFeed(address, load_secret(secret_file))
+    except RoseError as exc:
+        click.echo(f"rose-tui: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    RoseTui(feed, stall_after_s=stall_after).run()

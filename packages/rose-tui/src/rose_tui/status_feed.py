@@ -1,0 +1,58 @@
+"""The dashboard's session with the controller: ``Hello`` as an observer, then ``StatusSnapshot``s, then
+``Goodbye``. No Textual here: the app polls ``recv`` from a worker thread."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TypeAlias
+
+from rose_core.channel import ControlClient
+from rose_core.messages import ErrorReport, Goodbye, Hello, StatusSnapshot, Welcome
+from rose_tui import __version__
+
+FeedMessage: TypeAlias = Welcome | StatusSnapshot | ErrorReport
+GOODBYE_GRACE_S = 0.2
+"""Time the channel's I/O thread gets to put ``Goodbye`` on the wire before the socket closes."""
+
+
+def new_peer_id() -> str:
+    return f"tui-{secrets.token_hex(4)}"
+
+
+class StatusFeed:
+    """An observer connected to a controller's control address."""
+
+    def __init__(self, address: str, secret: bytes, peer_id: str | None = None) -> None:
+        self.address = address
+        self.peer_id = peer_id or new_peer_id()
+        self._client = ControlClient(address, secret, peer_id=self.peer_id)
+        self._closed = False
+
+    def hello(self) -> None:
+        self._client.send(Hello(peer_id=self.peer_id, kind="observer", software=f"rose-tui {__version__}"))
+
+    def recv(self, timeout: float) -> FeedMessage | None:
+        """The next message meant for a dashboard, or ``None`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self._closed:
+            got = self._client.recv(timeout=max(0.0, deadline - time.monotonic()))
+            if got is None:
+                return None
+            msg = got[1]
+            if isinstance(msg, Welcome | StatusSnapshot | ErrorReport):
+                return msg
+        return None
+
+    def close(self, reason: str = "quit") -> None:
+        """Say ``Goodbye`` and close the socket; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._client.send(Goodbye(peer_id=self.peer_id, reason=reason))
+        time.sleep(GOODBYE_GRACE_S)
+        self._client.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
