@@ -74,14 +74,16 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
     if port is not None:
         config.controller.port = port
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-    progress = _progress_printer(sys.stderr.isatty() and not as_json)
+    live = sys.stderr.isatty() and not as_json
+    progress = _progress_printer(live)
     printed_header = [False]
 
     def on_step(step: Any) -> None:
         if as_json:
             return
         table = format_table([step]).splitlines()
-        click.echo("\r" + " " * 100 + "\r", nl=False)
+        if live:
+            click.echo("\r" + " " * 100 + "\r", nl=False, err=True)
         if not printed_header[0]:
             click.echo("\n".join(table[:2]))
             printed_header[0] = True

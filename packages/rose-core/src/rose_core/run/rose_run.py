@@ -64,18 +64,18 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, index: int) -> dict[str, Any]:
+    """The `rose-executor --config` file for one local executor (its schema: rose_executor.config)."""
     ex = config.executors
     section: dict[str, Any] = {
-        "policy_model": str(policy),
+        "policy_model_dir": str(policy),
         "kv_cache_gib": ex.kv_cache_gib,
         "rollout_capacity": ex.rollout_capacity,
         "slo_ttft_ms": config.slo.ttft_ms,
         "slo_tpot_ms": config.slo.tpot_ms,
         "headroom_fraction": config.slo.headroom_fraction,
-        "weights_dir": str(Path(config.run_dir).resolve() / "weights" / f"{role}-{index}"),
     }
     if role == "serving":
-        section.update(serving_model=str(serving), serving_host="127.0.0.1", serving_port=0)
+        section.update(serving_model_dir=str(serving), serving_host="127.0.0.1", serving_port=0)
     return section
 
 
@@ -132,7 +132,7 @@ class Launch:
             argv = [sys.executable, "-m", "rose_executor", "--controller", self.controller.address, "--role", role,
                     "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
                     "--metrics-port", "0"]
-            self.children.start(f"executor-{role}-{i}", argv, {"VLLM_CPU_KVCACHE_SPACE": str(ex.kv_cache_gib)})
+            self.children.start(f"executor-{role}-{i}", argv)
         self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
         t0 = time.monotonic()
         self.controller.wait_for_executors(len(roles), ex.start_timeout_s, alive=self.children.check_alive)
