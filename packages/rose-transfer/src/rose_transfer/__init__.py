@@ -1,2 +1,22 @@
-"""ROSE transfer."""
+"""ROSE transfer: moves each weight version from the trainer to every rollout engine."""
+
 __version__ = "0.1.0"
+
+from rose_transfer.errors import TransferError
+from rose_transfer.fetched_version import FetchedVersion, load_arrays
+from rose_transfer.fetcher import WeightFetcher
+from rose_transfer.manifest import DEFAULT_BUCKET_BYTES, FlatVersion, flatten, tensor_views
+from rose_transfer.publisher import DensePublisher
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "DensePublisher",
+    "FetchedVersion",
+    "FlatVersion",
+    "TransferError",
+    "WeightFetcher",
+    "__version__",
+    "flatten",
+    "load_arrays",
+    "tensor_views",
+]

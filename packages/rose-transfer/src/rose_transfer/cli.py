@@ -1,0 +1,133 @@
+"""The `rose-transfer` command line: serve, fetch and benchmark weight versions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from rose_core.auth import load_secret
+from rose_core.errors import RoseError
+from rose_core.messages import WeightAnnounce
+from rose_transfer import __version__
+
+MIB = 1024 * 1024
+
+
+class _TransferGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RoseError as exc:
+            click.echo(f"rose-transfer: error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_TransferGroup)
+@click.version_option(__version__, prog_name="rose-transfer")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """ROSE weight transfer: move weight versions from a trainer to rollout engines."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("weights", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--version", "version", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
+@click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, secret_file: str | None) -> None:
+    """Serve the arrays of a .npz file as one weight version until interrupted."""
+    from rose_transfer.publisher import DensePublisher
+
+    with np.load(weights) as npz:
+        tensors = {name: npz[name] for name in npz.files}
+    with DensePublisher(secret=load_secret(secret_file), host=host, port=port, bucket_bytes=bucket_mb * MIB) as pub:
+        announce = pub.publish(version, 0, tensors)
+        click.echo(f"serving version {version} ({announce.total_bytes} bytes) at {announce.source}")
+        click.echo(f"digest {announce.manifest_digest}")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+@main.command()
+@click.argument("source")
+@click.argument("version", type=click.IntRange(min=0))
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--digest", default="", help="Expected manifest digest (from the announcement).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fetch(source: str, version: int, dest: Path, digest: str, secret_file: str | None, as_json: bool) -> None:
+    """Fetch weight VERSION from SOURCE (tcp://HOST:PORT) into the file DEST."""
+    from rose_transfer.fetcher import WeightFetcher
+
+    announce = WeightAnnounce(version=version, step=0, source=source, manifest_digest=digest)
+    fetched = asyncio.run(WeightFetcher(load_secret(secret_file), "rose-transfer-cli").fetch(announce, -1, dest))
+    row = {
+        "version": fetched.version,
+        "path": str(fetched.path),
+        "tensors": len(fetched.entries),
+        "bytes_received": fetched.bytes_received,
+        "seconds": round(fetched.seconds, 4),
+        "digest": fetched.digest,
+    }
+    click.echo(json.dumps(row) if as_json else "\n".join(f"{k:>15}  {v}" for k, v in row.items()))
+
+
+@main.command()
+@click.option("--size-mb", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--window", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--dest-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: /dev/shm.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench(size_mb: int, bucket_mb: int, window: int, runs: int, dest_dir: Path | None, as_json: bool) -> None:
+    """Fetch a dense version between two local processes; compare with raw TCP in the same run."""
+    from rose_transfer.loopback_bench import run_loopback_bench
+
+    result = run_loopback_bench(size_mb * 1_000_000, bucket_mb * MIB, window, runs, dest_dir)
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+        return
+    click.echo(f"{'model bytes':>22}  {result.size_bytes / 1e6:.0f} MB in {bucket_mb} MiB buckets, window {window}")
+    click.echo(f"{'publish (flatten)':>22}  {result.publish_seconds:.3f} s")
+    click.echo(f"{'raw TCP ceiling':>22}  {result.raw_tcp_gbps:.2f} GB/s")
+    click.echo(f"{'fetch, first':>22}  {result.cold_gbps:.2f} GB/s  ({result.fetch_seconds[0]:.3f} s)")
+    click.echo(f"{'fetch, best later':>22}  {result.warm_gbps:.2f} GB/s  ({min(result.fetch_seconds):.3f} s)")
+
+
+@main.command("bench-codec")
+@click.option("--size-mb", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--changed", type=click.FloatRange(0, 1), default=0.01, show_default=True, help="Fraction changed.")
+@click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_codec(size_mb: int, dtype: str, changed: float, bucket_mb: int, runs: int, as_json: bool) -> None:
+    """Encode/decode speed of the sparse codec against the naive numpy patch (one core)."""
+    from rose_transfer.codec_bench import run_codec_bench
+
+    result = run_codec_bench(size_mb * 1_000_000, dtype, changed, bucket_mb * MIB, runs)
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+        return
+    click.echo(
+        f"{size_mb} MB of {dtype}, {changed:.2%} changed, {bucket_mb} MiB buckets: "
+        f"{result.wire_bytes / 1e6:.2f} MB on the wire ({result.size_bytes / max(result.wire_bytes, 1):.0f}x)"
+    )
+    click.echo(f"{'GB/s of model bytes':>22}  {'first':>7}  {'best':>7}")
+    for name in result.seconds:
+        click.echo(f"{name:>22}  {result.gbps(name, 'first'):7.2f}  {result.gbps(name):7.2f}")

@@ -1,0 +1,86 @@
+"""The file a weight version is received into: a hidden temp file, memory-mapped for zero-copy receives,
+renamed to its final name only once every byte is verified (a version is applied whole or not at all)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import mmap
+import os
+import secrets
+from pathlib import Path
+
+from rose_transfer.errors import TransferError
+
+log = logging.getLogger(__name__)
+
+
+class PartialFile:
+    def __init__(self, dest: Path, size: int) -> None:
+        self.dest = dest
+        self.size = size
+        self.temp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self.view = memoryview(bytearray())
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            if size:
+                _reserve(self._fd, size)
+                self._map = mmap.mmap(self._fd, size)
+                self.view = memoryview(self._map)
+        except OSError as exc:
+            self.discard()
+            raise TransferError(
+                f"cannot hold {size} bytes of weights at {dest.parent} ({exc.strerror}): "
+                "free space there, fix its permissions, or choose another weights directory"
+            ) from exc
+
+    def commit(self, durable: bool = True) -> Path:
+        """Move the complete file to its final name (atomically, replacing an older file)."""
+        if durable:
+            os.fsync(self._fd)
+        self._close()
+        os.replace(self.temp, self.dest)
+        if durable:
+            _fsync_dir(self.dest.parent)
+        return self.dest
+
+    def discard(self) -> None:
+        self._close()
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            self.temp.unlink()
+
+    def _close(self) -> None:
+        self.view.release()
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view of it is still referenced (e.g. by a traceback cycle)
+                gc.collect()
+                try:
+                    self._map.close()
+                except BufferError:
+                    log.debug("weight map of %s stays open until its last view is collected", self.temp)
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the file's blocks now: a full disk fails here (ENOSPC), not as SIGBUS while writing the map."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+    else:  # macOS: no fallocate; the map is still safe to write, space is just not reserved up front
+        os.ftruncate(fd, size)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

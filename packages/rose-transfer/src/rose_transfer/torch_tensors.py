@@ -1,0 +1,66 @@
+"""The one module of rose-transfer that imports torch: tensors in, tensors out.
+
+Imported only when a torch tensor is handed in (``sys.modules`` already holds torch) or when a caller
+asks for torch tensors back; installing rose-transfer never pulls torch (it is the ``[torch]`` extra).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rose_core.errors import MissingExtraError
+from rose_transfer.dtypes import RAW_DTYPES, storage_dtype
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingExtraError("torch (to hand weights to a model)", "rose-transfer[torch]") from exc
+
+if TYPE_CHECKING:
+    from rose_transfer.fetched_version import FetchedVersion
+
+
+def _raw_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_travel_form(tensor: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A CPU tensor's bytes as a contiguous numpy array of its storage dtype, and its dtype name."""
+    t = tensor.detach().contiguous().cpu()
+    name = _raw_name(t.dtype)
+    raw = RAW_DTYPES.get(name)
+    if raw is not None:
+        return t.view(_torch_dtype_of(raw)).numpy(), name
+    return t.numpy(), name
+
+
+def _torch_dtype_of(np_dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a tensor that travelled as ``name``."""
+    if name in RAW_DTYPES:
+        return getattr(torch, name)  # type: ignore[no-any-return]
+    return _torch_dtype_of(storage_dtype(name))
+
+
+def as_tensor(array: np.ndarray, name: str) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, with the dtype the tensor travelled as."""
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch_dtype(name)) if name in RAW_DTYPES else tensor
+
+
+def load_tensors(fetched: FetchedVersion) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs of a fetched version, mapped copy-on-write from its file."""
+    from rose_transfer.fetched_version import load_arrays
+
+    dtypes = {entry.name: entry.dtype for entry in fetched.entries}
+    return [(name, as_tensor(array, dtypes[name])) for name, array in load_arrays(fetched).items()]
+
+
+def describe(tensor: torch.Tensor) -> tuple[str, list[int], int]:
+    """``(dtype name, shape, nbytes)`` of a tensor, without copying it."""
+    return _raw_name(tensor.dtype), [int(n) for n in tensor.shape], tensor.numel() * tensor.element_size()

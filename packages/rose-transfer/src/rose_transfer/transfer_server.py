@@ -1,0 +1,210 @@
+"""The publisher's side of the weight channel: an asyncio TCP server answering pulls for buckets.
+
+Per connection: ``Hello(kind="weights")`` -> ``Welcome``, then any number of ``FetchManifest`` /
+``FetchBucket`` requests, answered in order with ``WeightManifest`` / ``BucketData`` / ``ErrorReport``.
+A reader task reads requests ahead while a writer task sends replies (signed on worker threads, cached
+per version), so a receiver that keeps several requests in flight is never idle on a round trip. A
+rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
+logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any
+
+import msgspec
+
+from rose_core.auth import Signer
+from rose_core.errors import ProtocolError
+from rose_core.messages import (
+    BucketData,
+    ErrorReport,
+    FetchBucket,
+    FetchManifest,
+    Hello,
+    TransferRequest,
+    Welcome,
+)
+from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.wire import Framer
+from rose_transfer.frame_socket import FrameSocket
+from rose_transfer.metrics import SENT_BYTES
+from rose_transfer.sealer import Sealer
+from rose_transfer.version_store import ServedVersion, VersionStore
+
+log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 64 * 1024
+_NOTIFIED_REASONS = ("unauthenticated", "wrong_version", "no_handshake")
+
+
+class TransferServer:
+    def __init__(
+        self,
+        secret: bytes,
+        store: VersionStore,
+        server_id: str,
+        *,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float = 600.0,
+        read_ahead: int = 8,
+    ) -> None:
+        self._secret = secret
+        self._store = store
+        self.server_id = server_id
+        self._handshake_timeout = handshake_timeout
+        self._idle_timeout = idle_timeout
+        self._read_ahead = read_ahead
+        self._sealer = Sealer(secret)
+        self.rejected = 0
+        self.connections = 0
+
+    def close(self) -> None:
+        self._sealer.close()
+
+    # ---------------------------------------------------------------- accept
+
+    async def serve(self, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        loop = asyncio.get_running_loop()
+        handlers: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    sock, address = await loop.sock_accept(listener)
+                except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
+                    log.warning("weight server cannot accept a connection: %s", exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                self.connections += 1
+                task = asyncio.create_task(self._handle(sock, _peer_name(address)))
+                handlers.add(task)
+                task.add_done_callback(handlers.discard)
+        finally:
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+    async def _handle(self, sock: socket.socket, peer: str) -> None:
+        conn = FrameSocket(sock)
+        framer = Framer(Signer(self._secret), TransferRequest, MAX_REQUEST_BYTES)
+        try:
+            if await self._handshake(conn, framer, peer):
+                await self._serve(conn, framer)
+        except ProtocolError as exc:
+            await self._reject(conn, framer, peer, exc)
+        except (OSError, TimeoutError) as exc:
+            log.debug("weight connection from %s ended: %s", peer, exc)
+        finally:
+            conn.close()
+
+    async def _handshake(self, conn: FrameSocket, framer: Framer, peer: str) -> bool:
+        frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._handshake_timeout)
+        hello = framer.open(frames)
+        if not isinstance(hello, Hello):
+            raise ProtocolError("no_handshake", f"first message is {type(hello).__name__}, not hello")
+        if hello.kind != "weights":
+            message = f"this is a weight publisher, not a controller: point {hello.kind} peers at the controller"
+            await conn.send(self._sealer.seal(ErrorReport(code="wrong_peer_kind", message=message)))
+            return False
+        log.debug("weight receiver %s connected from %s", hello.peer_id, peer)
+        await conn.send(self._sealer.seal(Welcome(controller_id=self.server_id)))
+        return True
+
+    async def _reject(self, conn: FrameSocket, framer: Framer, peer: str, exc: ProtocolError) -> None:
+        self.rejected += 1
+        REJECTED_MESSAGES.labels(exc.reason).inc()
+        if self.rejected <= 20 or self.rejected % 1000 == 0:
+            log.warning("dropped weight connection from %s (%s): %s", peer, exc.reason, exc)
+        if exc.reason in _NOTIFIED_REASONS:
+            with contextlib.suppress(OSError, TimeoutError):
+                await asyncio.wait_for(conn.send(framer.notice(exc.reason, str(exc))), 1.0)
+
+    # ---------------------------------------------------------------- requests
+
+    async def _serve(self, conn: FrameSocket, framer: Framer) -> None:
+        replies: asyncio.Queue[asyncio.Future[list[Any]]] = asyncio.Queue(self._read_ahead)
+        tasks = {
+            asyncio.create_task(self._read_requests(conn, framer, replies)),
+            asyncio.create_task(self._write_replies(conn, replies)),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _read_requests(
+        self, conn: FrameSocket, framer: Framer, replies: asyncio.Queue[asyncio.Future[list[Any]]]
+    ) -> None:
+        while True:
+            frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._idle_timeout)
+            request = framer.open(frames)
+            if isinstance(request, ErrorReport):  # a peer's notice: logged, never answered
+                log.info("weight receiver reports %s: %s", request.code, request.message)
+                continue
+            await replies.put(self._reply(request))
+
+    async def _write_replies(self, conn: FrameSocket, replies: asyncio.Queue[asyncio.Future[list[Any]]]) -> None:
+        while True:
+            frames = await asyncio.shield(await replies.get())  # shared with other connections
+            await conn.send(frames)
+            SENT_BYTES.inc(sum(memoryview(f).nbytes for f in frames))
+
+    def _reply(self, request: Any) -> asyncio.Future[list[Any]]:
+        if isinstance(request, Hello):
+            return self._now(Welcome(controller_id=self.server_id))
+        served = self._store.get(request.version)
+        if served is None:
+            return self._now(self._unknown_version(request.version))
+        if isinstance(request, FetchManifest):
+            return self._cached(served, "manifest", served.flat.manifest)
+        if isinstance(request, FetchBucket) and 0 <= request.index < len(served.flat.manifest.buckets):
+            return self._cached(served, request.index, self._bucket_data(served, request.index))
+        message = f"version {request.version} has no bucket {request.index}: the receiver's manifest is stale"
+        return self._now(ErrorReport(code="bad_request", message=message))
+
+    def _now(self, msg: msgspec.Struct) -> asyncio.Future[list[Any]]:
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future.set_result(self._sealer.seal(msg))
+        return future
+
+    def _cached(self, served: ServedVersion, key: Any, msg: msgspec.Struct) -> asyncio.Future[list[Any]]:
+        future = served.sealed.get(key)
+        if future is None or _failed(future):
+            loop = asyncio.get_running_loop()
+            future = served.sealed[key] = loop.run_in_executor(self._sealer.pool, self._sealer.seal, msg)
+        return future
+
+    @staticmethod
+    def _bucket_data(served: ServedVersion, index: int) -> BucketData:
+        info = served.flat.manifest.buckets[index]
+        return BucketData(
+            version=served.version,
+            index=index,
+            encoding="dense",
+            checksum=info.checksum,
+            data=served.flat.bucket(index),
+        )
+
+    def _unknown_version(self, version: int) -> ErrorReport:
+        kept = self._store.versions()
+        message = (
+            f"weight version {version} is not served here (the publisher keeps versions {kept}): "
+            "fetch the version of the newest announce"
+        )
+        return ErrorReport(code="unknown_version", message=message, ref=str(version))
+
+
+def _peer_name(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)

@@ -1,0 +1,116 @@
+"""Unauthenticated, malformed and oversized traffic is dropped and counted; the publisher keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from rose_core.auth import Signer
+from rose_core.messages import FetchManifest, Hello, TransferRequest
+from rose_core.wire import Framer
+from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
+
+from .conftest import SECRET, assert_same, random_state_dict
+
+
+def _rejected(reason: str) -> float:
+    return REGISTRY.get_sample_value("rose_rejected_messages_total", {"reason": reason}) or 0.0
+
+
+def _frame(frames: list[bytes]) -> bytes:
+    return struct.pack(f">I{len(frames)}Q", len(frames), *map(len, frames)) + b"".join(frames)
+
+
+def _exchange(port: int, payload: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``payload``, half-close, and read until the publisher closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+
+async def _still_serves(publisher: DensePublisher, tmp_path: Path, version: int) -> None:
+    tensors = random_state_dict(seed=version)
+    announce = publisher.publish(version, 0, tensors)
+    fetched = await WeightFetcher(SECRET, "after").fetch(announce, -1, tmp_path / f"v{version}.bin")
+    assert_same(load_arrays(fetched), tensors)
+
+
+async def test_bad_secret_is_rejected_counted_and_named(publisher: DensePublisher, tmp_path: Path) -> None:
+    announce = publisher.publish(1, 0, random_state_dict())
+    before = _rejected("unauthenticated")
+    intruder = WeightFetcher(b"not-the-secret-0123456789abcdef", "intruder")
+    with pytest.raises(TransferError, match="refused this receiver: bad signature: the peer's shared secret differs"):
+        await intruder.fetch(announce, -1, tmp_path / "v1.bin")
+    assert _rejected("unauthenticated") == before + 1
+    assert publisher.rejected == 1
+    assert list(tmp_path.iterdir()) == []
+    await _still_serves(publisher, tmp_path, 2)
+
+
+def test_request_before_hello_is_rejected(publisher: DensePublisher) -> None:
+    before = _rejected("no_handshake")
+    framer = Framer(Signer(SECRET), TransferRequest)
+    reply = _exchange(publisher.port, _frame([bytes(f) for f in framer.seal(FetchManifest(version=1))]))
+    assert b"no_handshake" in reply  # the unsigned notice names the reason
+    assert _rejected("no_handshake") == before + 1
+
+
+def test_oversized_request_is_rejected_before_it_is_read(publisher: DensePublisher) -> None:
+    before = _rejected("oversized")
+    _exchange(publisher.port, struct.pack(">IQ", 1, 1 << 40))
+    assert _rejected("oversized") == before + 1
+
+
+def test_wrong_protocol_version_is_rejected(publisher: DensePublisher) -> None:
+    before = _rejected("wrong_version")
+    frames = [bytes(f) for f in Framer(Signer(SECRET), TransferRequest).seal(Hello(peer_id="old", kind="weights"))]
+    frames[0] = frames[0][:4] + struct.pack(">H", 999) + frames[0][6:]
+    reply = _exchange(publisher.port, _frame(frames))
+    assert b"install matching rose-core versions" in reply
+    assert _rejected("wrong_version") == before + 1
+
+
+def test_controller_peers_are_told_where_to_go(publisher: DensePublisher) -> None:
+    frames = [bytes(f) for f in Framer(Signer(SECRET), TransferRequest).seal(Hello(peer_id="e", kind="executor"))]
+    assert b"this is a weight publisher, not a controller" in _exchange(publisher.port, _frame(frames))
+
+
+def test_silent_peers_are_dropped_after_the_handshake_timeout(publisher: DensePublisher) -> None:
+    publisher._server._handshake_timeout = 0.2  # a slowloris would hold a connection forever otherwise
+    with socket.create_connection(("127.0.0.1", publisher.port), timeout=5) as sock:
+        sock.sendall(b"\x00\x00")
+        assert sock.recv(100) == b""
+
+
+_garbage = st.one_of(
+    st.binary(max_size=4096),
+    st.lists(st.binary(max_size=512), min_size=1, max_size=20).map(_frame),
+    st.lists(st.binary(max_size=64), min_size=3, max_size=4).map(lambda fs: _frame([b"ROSE\x00\x01\x00", *fs[1:]])),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=_garbage)
+def test_garbage_never_kills_the_server(publisher: DensePublisher, payload: bytes) -> None:
+    _exchange(publisher.port, payload)
+    # Every connection is answered or closed; a well-formed handshake still works afterwards.
+    frames = [bytes(f) for f in Framer(Signer(SECRET), TransferRequest).seal(Hello(peer_id="ok", kind="weights"))]
+    assert b"welcome" in _exchange(publisher.port, _frame(frames))
+
+
+async def test_garbage_then_a_real_fetch(publisher: DensePublisher, tmp_path: Path) -> None:
+    before = _rejected("malformed")
+    await asyncio.to_thread(_exchange, publisher.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _rejected("malformed") == before + 1
+    await _still_serves(publisher, tmp_path, 1)
