@@ -29,7 +29,7 @@ PACKAGE_TESTS = {
     "core": ([CORE], ["tests/core"]),
     "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
     "transfer": ([CORE, TRANSFER], ["tests/transfer"]),
-    "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai"], ["tests/executor"]),
+    "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),
     "tui": ([CORE, TUI, "pytest-textual-snapshot>=1.1"], ["tests/tui"]),
 }
 

@@ -1,2 +1,3 @@
 """ROSE executor."""
+
 __version__ = "0.1.0"

@@ -1,0 +1,334 @@
+"""The per-host executor agent: one asyncio program that owns this host's engines and talks to the controller.
+
+Flow: Hello -> Welcome, start the engines (and, on a serving host, the OpenAI endpoint), Register, then
+heartbeat with a ``LoadReport`` while handling turns, cancellations, weight announcements and steps, until
+``Shutdown`` or SIGINT/SIGTERM: give in-flight turns back, say Goodbye, stop the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from rose_core.errors import RoseError
+from rose_core.messages import (
+    CancelTurn,
+    ErrorReport,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    LoadReport,
+    Register,
+    Role,
+    Shutdown,
+    StatusSnapshot,
+    StepStarted,
+    TurnRequest,
+    WeightAnnounce,
+    Welcome,
+)
+from rose_executor import __version__
+from rose_executor.config import ExecutorConfig
+from rose_executor.controller_link import ControllerLink
+from rose_executor.model_info import describe_model
+from rose_executor.orphan_guard import OrphanGuard
+from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.serving_api import OpenAIServer
+from rose_executor.serving_monitor import ServingMonitor
+from rose_executor.weight_file import stage_dir
+from rose_executor.weight_updater import WeightUpdater
+
+if TYPE_CHECKING:
+    from rose_executor.engine import VllmEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """What the command line says about this executor (the config file says the rest)."""
+
+    controller: str
+    role: Role
+    executor_id: str
+    secret: bytes
+    metrics_endpoint: str = ""
+
+
+class ExecutorAgent:
+    """Runs until told to stop; ``run`` returns the process exit code, or raises ``RoseError`` at start-up."""
+
+    def __init__(self, config: ExecutorConfig, options: AgentOptions) -> None:
+        config.check_role(options.role)
+        self.config = config
+        self.options = options
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        self._stop_reason = ""
+        self._link: ControllerLink | None = None
+        self._heartbeat_s = config.heartbeat_interval_s
+        self._welcomed = False
+        self._serving: VllmEngine | None = None
+        self._engines: list[VllmEngine] = []
+        self._monitor: ServingMonitor | None = None
+        self._server: OpenAIServer | None = None
+        self._runner: RolloutRunner | None = None
+        self._updater: WeightUpdater | None = None
+        self._orphan_guard: OrphanGuard | None = None
+
+    @property
+    def executor_id(self) -> str:
+        return self.options.executor_id
+
+    def request_stop(self, reason: str, exit_code: int = 0) -> None:
+        if not self._stop.is_set():
+            log.info("stopping: %s", reason)
+            self._stop_reason = reason
+            self.exit_code = exit_code
+            self._stop.set()
+
+    # ---------------------------------------------------------------- the whole life
+
+    async def run(self) -> int:
+        self._install_signal_handlers()
+        try:
+            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id)
+            welcome = await self._handshake(self._link)
+            self._welcomed = True
+            self._heartbeat_s = welcome.heartbeat_interval_s
+            await self._start_engines()
+            if not self._stop.is_set():
+                self._link.send(self._register_message())
+                log.info(
+                    "executor %s registered with %s as %s", self.executor_id, welcome.controller_id, self.options.role
+                )
+                await self._serve(self._link)
+        finally:
+            await self._shutdown()
+        return self.exit_code
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
+
+    async def _handshake(self, link: ControllerLink) -> Welcome:
+        link.send(Hello(peer_id=self.executor_id, kind="executor", software=f"rose-executor {__version__}"))
+        deadline = time.monotonic() + self.config.welcome_timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = await link.recv(timeout=left)
+            if isinstance(msg, Welcome):
+                return msg
+            if isinstance(msg, ErrorReport):
+                raise RoseError(f"the controller refused this executor ({msg.code}): {msg.message}")
+        raise RoseError(
+            f"no Welcome from the controller at {self.options.controller} within {self.config.welcome_timeout_s:g} s: "
+            "check --controller and that the controller is running"
+        )
+
+    # ---------------------------------------------------------------- engines
+
+    async def _start_engines(self) -> None:
+        cfg = self.config
+        engine_module = await asyncio.to_thread(importlib.import_module, "rose_executor.engine")
+        self._orphan_guard = OrphanGuard()
+        if self.options.role == "serving":
+            self._server = OpenAIServer(cfg.serving_host, cfg.serving_port)
+            self._server.reserve()
+            self._monitor = ServingMonitor(
+                cfg.slo_ttft_ms / 1000, cfg.slo_tpot_ms / 1000, cfg.headroom_fraction, cfg.latency_window_s
+            )
+            self._serving = await self._start_engine(engine_module, cfg.serving_model_dir, "serving", self._monitor)
+            await self._server.start(self._serving, cfg.serving_model_name)
+        rollout = await self._start_engine(engine_module, cfg.policy_model_dir, "rollout", None)
+        send = self._send
+        self._runner = RolloutRunner(rollout, self.executor_id, cfg.rollout_capacity, send, weight_version=0)
+        self._updater = WeightUpdater(
+            self._runner,
+            rollout,
+            executor_id=self.executor_id,
+            secret=self.options.secret,
+            stage_dir=Path(cfg.weight_stage_dir) if cfg.weight_stage_dir else stage_dir(self.executor_id),
+            send=send,
+            fetch_timeout_s=cfg.weight_fetch_timeout_s,
+        )
+
+    async def _start_engine(self, module: Any, model_dir: str, purpose: str, observer: Any) -> VllmEngine:
+        cfg = self.config
+        started = time.perf_counter()
+        engine: VllmEngine = await module.VllmEngine.create(
+            model_dir,
+            purpose=purpose,
+            kv_cache_gib=cfg.kv_cache_gib,
+            max_num_seqs=cfg.rollout_capacity if purpose == "rollout" else cfg.serving_max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            dtype=cfg.dtype,
+            served_model_name=cfg.serving_model_name if purpose == "serving" else "",
+            observer=observer,
+        )
+        self._engines.append(engine)
+        if self._orphan_guard is not None:
+            self._orphan_guard.watch_children()
+        log.info("%s engine for %s ready in %.1f s", purpose, model_dir, time.perf_counter() - started)
+        return engine
+
+    def _register_message(self) -> Register:
+        cfg = self.config
+        models = [describe_model(cfg.policy_model_dir, "rollout")]
+        if self.options.role == "serving":
+            models.insert(0, describe_model(cfg.serving_model_dir, "serving", cfg.serving_model_name))
+        return Register(
+            executor_id=self.executor_id,
+            role=self.options.role,
+            device="cpu",
+            host=cfg.advertise_host,
+            models=models,
+            memory_bytes=int(psutil.virtual_memory().total),
+            rollout_capacity=cfg.rollout_capacity,
+            serving_endpoint=self._serving_endpoint(),
+            metrics_endpoint=self.options.metrics_endpoint,
+            weight_version=self._runner.weight_version if self._runner else 0,
+        )
+
+    def _serving_endpoint(self) -> str:
+        if self._server is None:
+            return ""
+        host = self._server.host
+        if host in ("0.0.0.0", "::", ""):
+            host = self.config.advertise_host
+        return f"http://{host}:{self._server.port}/v1"
+
+    # ---------------------------------------------------------------- steady state
+
+    async def _serve(self, link: ControllerLink) -> None:
+        loops = [self._heartbeat_loop(link), self._dispatch_loop(link)]
+        if self._monitor is not None:
+            loops.append(self._headroom_loop(self._monitor))
+        tasks = [asyncio.create_task(coro) for coro in loops]
+        stop = asyncio.create_task(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                failure = None if task is stop else task.exception()
+                if failure is not None:
+                    raise failure
+        finally:
+            for task in [stop, *tasks]:
+                task.cancel()
+            await asyncio.gather(stop, *tasks, return_exceptions=True)
+
+    async def _heartbeat_loop(self, link: ControllerLink) -> None:
+        seq = 0
+        while True:
+            if any(engine.errored for engine in self._engines):
+                self.request_stop("a vLLM engine died; see the log above", exit_code=1)
+                return
+            link.send(Heartbeat(executor_id=self.executor_id, seq=seq, sent_at=time.time(), load=self.load_report()))
+            seq += 1
+            await asyncio.sleep(self._heartbeat_s)
+
+    async def _headroom_loop(self, monitor: ServingMonitor) -> None:
+        """Hold new rollout sequences while serving lacks SLO headroom."""
+        while True:
+            if self._runner is not None:
+                self._runner.set_headroom(monitor.has_headroom())
+            await asyncio.sleep(self.config.guard_interval_s)
+
+    async def _dispatch_loop(self, link: ControllerLink) -> None:
+        while True:
+            msg = await link.recv()
+            if msg is not None:
+                self._handle(msg)
+
+    def _handle(self, msg: Any) -> None:
+        runner, updater = self._runner, self._updater
+        if runner is None or updater is None:
+            return
+        if isinstance(msg, TurnRequest):
+            runner.submit(msg)
+        elif isinstance(msg, CancelTurn):
+            runner.cancel(msg.turn_id, msg.attempt)
+        elif isinstance(msg, WeightAnnounce):
+            updater.announce(msg)
+        elif isinstance(msg, StepStarted):
+            runner.budget_frozen = False
+        elif isinstance(msg, Shutdown):
+            self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
+        elif isinstance(msg, ErrorReport):
+            log.warning("controller reports %s: %s", msg.code, msg.message)
+        elif not isinstance(msg, (Welcome, StatusSnapshot)):
+            log.debug("ignoring %s", type(msg).__name__)
+
+    def load_report(self) -> LoadReport:
+        runner = self._runner
+        report = LoadReport(
+            rollout_in_flight=runner.in_flight if runner else 0,
+            rollout_capacity=self.config.rollout_capacity,
+            rollout_budget_frozen=runner.budget_frozen if runner else False,
+            rollout_tokens_total=runner.tokens_total if runner else 0,
+            weight_version=runner.weight_version if runner else -1,
+            warm_trajectories=runner.warm.ids(time.monotonic()) if runner else [],
+            state=self._state(),
+        )
+        if self._monitor is not None and self._serving is not None:
+            snap = self._monitor.snapshot()
+            report.serving_kv_usage_ratio = snap.kv_usage_ratio
+            report.serving_ttft_p99_ms = snap.ttft_p99_s * 1000
+            report.serving_tpot_p99_ms = snap.tpot_p99_s * 1000
+            report.serving_requests_in_flight = self._serving.num_unfinished_requests()
+            report.serving_requests_total = self._monitor.requests_total
+            report.serving_slo_violations_total = self._monitor.violations_total
+            report.slo_headroom = self._monitor.has_headroom()
+        return report
+
+    def _state(self) -> str:
+        if self._stop.is_set():
+            return "stopping"
+        if self._updater is not None and self._updater.updating:
+            return "updating"
+        if self._runner is not None and self._runner.held:
+            return "held"
+        return "ready"
+
+    def _send(self, msg: Any) -> None:
+        if self._link is not None:
+            self._link.send(msg)
+
+    # ---------------------------------------------------------------- the end
+
+    async def _shutdown(self) -> None:
+        reason = self._stop_reason or "stopped"
+        if self._runner is not None:
+            self._runner.refuse("shutdown")
+            aborted = await self._runner.abort_all("shutdown")
+            log.info("gave back %d in-flight turns", aborted)
+        if self._updater is not None:
+            await self._updater.close()
+        if self._link is not None and self._welcomed:
+            self._link.send(Goodbye(peer_id=self.executor_id, reason=reason))
+        if self._server is not None:
+            await self._server.stop()
+        started = time.perf_counter()
+        await asyncio.gather(*(asyncio.to_thread(engine.shutdown) for engine in self._engines))
+        if self._engines:
+            log.info("%d engines stopped in %.1f s", len(self._engines), time.perf_counter() - started)
+        self._engines.clear()
+        self._serving = None
+        if self._orphan_guard is not None:
+            await asyncio.to_thread(self._orphan_guard.close)
+        if self._link is not None:
+            await self._link.close()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)

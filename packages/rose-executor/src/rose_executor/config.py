@@ -1,0 +1,109 @@
+"""The executor's configuration: a msgspec Struct decoded from TOML, with errors that name the field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from rose_core.errors import ConfigError
+from rose_core.messages import Role
+
+
+class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One executor host. Paths are model directories in Hugging Face layout (config.json + safetensors)."""
+
+    policy_model_dir: str
+    """The RL policy the rollout engine runs (both roles)."""
+    serving_model_dir: str = ""
+    """The production model behind the OpenAI API (serving role only)."""
+    serving_model_name: str = ""
+    """Model name clients use on the OpenAI API; default: the directory name."""
+    serving_host: str = "127.0.0.1"
+    serving_port: int = 8000
+    advertise_host: str = "127.0.0.1"
+    """Address peers use to reach this host (endpoints in Register, metrics bind address)."""
+    kv_cache_gib: float = 1.0
+    """KV cache of each engine, GiB."""
+    rollout_capacity: int = 16
+    serving_max_num_seqs: int = 32
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    dtype: str = "bfloat16"
+    heartbeat_interval_s: float = 1.0
+    """Used until the controller's Welcome names its own interval, which wins."""
+    welcome_timeout_s: float = 10.0
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 400.0
+    headroom_fraction: float = 0.8
+    """Serving lends capacity only while its TTFT and TPOT p99 stay below this fraction of the SLO."""
+    latency_window_s: float = 10.0
+    guard_interval_s: float = 0.05
+    weight_stage_dir: str = ""
+    """Where fetched weight versions are staged; default /dev/shm/rose-<executor id>."""
+    weight_fetch_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _positive(
+            kv_cache_gib=self.kv_cache_gib,
+            rollout_capacity=self.rollout_capacity,
+            serving_max_num_seqs=self.serving_max_num_seqs,
+            max_model_len=self.max_model_len,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            welcome_timeout_s=self.welcome_timeout_s,
+            slo_ttft_ms=self.slo_ttft_ms,
+            slo_tpot_ms=self.slo_tpot_ms,
+            latency_window_s=self.latency_window_s,
+            guard_interval_s=self.guard_interval_s,
+            weight_fetch_timeout_s=self.weight_fetch_timeout_s,
+        )
+        if not 0 < self.headroom_fraction <= 1:
+            raise ValueError(f"`headroom_fraction` must be in (0, 1] (got {self.headroom_fraction})")
+        if not 0 <= self.serving_port < 65536:
+            raise ValueError(f"`serving_port` must be in 0..65535 (got {self.serving_port})")
+        if not self.policy_model_dir:
+            raise ValueError("`policy_model_dir` must name the policy model directory")
+
+    def check_role(self, role: Role) -> None:
+        """Raise ``ConfigError`` if the config lacks what ``role`` needs."""
+        _require_model("policy_model_dir", self.policy_model_dir)
+        if role == "serving":
+            if not self.serving_model_dir:
+                raise ConfigError("role `serving` needs `serving_model_dir` in the executor config")
+            _require_model("serving_model_dir", self.serving_model_dir)
+
+
+def load_executor_config(path: str | os.PathLike[str]) -> ExecutorConfig:
+    """The config in the TOML file ``path``; one-line ``ConfigError`` naming the field on any problem."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the executor config {path}: {exc.strerror}; fix --config") from exc
+    return parse_executor_config(data, str(path))
+
+
+def parse_executor_config(data: bytes | str, source: str = "executor config") -> ExecutorConfig:
+    try:
+        return msgspec.toml.decode(data, type=ExecutorConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_humanize(str(exc))}") from exc
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+
+
+def _humanize(message: str) -> str:
+    text, _, where = message.partition(" - at `$")
+    field = where.rstrip("`").lstrip(".")
+    return f"field `{field}`: {text}" if field else text
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"`{name}` must be > 0 (got {value})")
+
+
+def _require_model(field: str, path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"`{field}` = {path!r} is not a model directory (no config.json): fix the path")

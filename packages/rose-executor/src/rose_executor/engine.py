@@ -1,0 +1,310 @@
+"""The vLLM adapter: the only module of ROSE that imports ``vllm``.
+
+``VllmEngine`` owns one vLLM v1 ``AsyncLLM`` (engine core in a child process) and turns executor decisions
+into vLLM calls: generate from token ids, abort, pause/resume the scheduler, reload weights in place through
+the ``rose_reload`` worker extension, and mount vLLM's own OpenAI-compatible app on the engine. Per-request
+serving latency comes from vLLM's stat-logger hook (``StatLoggerBase``), never from timing of our own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rose_core.errors import MissingExtraError, RoseError
+from rose_core.messages import SamplingParams, TensorEntry
+from rose_executor.serving_monitor import EngineStatsObserver
+
+try:
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
+except ImportError as exc:  # pragma: no cover - depends on the installed extra
+    raise MissingExtraError("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)") from exc
+
+log = logging.getLogger(__name__)
+Purpose = Literal["serving", "rollout"]
+WORKER_EXTENSION = "rose_executor.worker_extension.RoseWorkerExtension"
+_GIB = 1 << 30
+SHUTDOWN_TIMEOUT_S = 20.0
+"""How long the engine-core process may take to exit before vLLM kills it (its own default is 5 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOutput:
+    """One finished (or aborted) generation of one prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """How to build one engine; validated on construction.
+
+    On CPU, ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB), when set, overrides ``kv_cache_gib`` (vLLM's platform code).
+    """
+
+    model_dir: Path
+    purpose: Purpose = "rollout"
+    kv_cache_gib: float = 1.0
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+    enable_prefix_caching: bool = True
+    dtype: str = "bfloat16"
+    served_model_name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.purpose not in ("serving", "rollout"):
+            raise RoseError(f"engine purpose must be 'serving' or 'rollout', not {self.purpose!r}")
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise RoseError(f"no model at {self.model_dir} (config.json missing): point the config at a model dir")
+        if self.kv_cache_gib <= 0 or self.max_num_seqs < 1 or self.max_model_len < 1:
+            raise RoseError("kv_cache_gib, max_num_seqs and max_model_len must be positive")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).name
+
+    def has_tokenizer(self) -> bool:
+        root = Path(self.model_dir)
+        return (root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()
+
+
+class VllmEngine:
+    """One vLLM v1 AsyncLLM and the operations the executor needs from it."""
+
+    def __init__(self, spec: EngineSpec, llm: AsyncLLM, relay: _StatsRelay | None = None) -> None:
+        self.spec = spec
+        self._llm: AsyncLLM | None = llm
+        self._relay = relay
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @classmethod
+    async def create(
+        cls,
+        model_dir: str | os.PathLike[str],
+        *,
+        purpose: Purpose = "rollout",
+        kv_cache_gib: float = 1.0,
+        max_num_seqs: int = 16,
+        max_model_len: int = 1024,
+        enable_prefix_caching: bool = True,
+        dtype: str = "bfloat16",
+        served_model_name: str = "",
+        observer: EngineStatsObserver | None = None,
+    ) -> VllmEngine:
+        spec = EngineSpec(
+            model_dir=Path(model_dir),
+            purpose=purpose,
+            kv_cache_gib=kv_cache_gib,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            dtype=dtype,
+            served_model_name=served_model_name,
+        )
+        return await cls.start(spec, observer)
+
+    @classmethod
+    async def start(cls, spec: EngineSpec, observer: EngineStatsObserver | None = None) -> VllmEngine:
+        """Start the engine without blocking the event loop (its core starts in a thread), then warm it up.
+
+        The observer sees vLLM's stats from after the warm-up request on.
+        """
+        args = _engine_args(spec)
+        relay = _StatsRelay() if observer is not None else None
+        loggers: list[StatLoggerFactory] | None = [relay.factory] if relay is not None else None
+        try:
+            llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
+        except Exception as exc:
+            raise RoseError(f"vLLM could not start the {spec.purpose} engine for {spec.model_dir}: {exc}") from exc
+        engine = cls(spec, llm, relay)
+        try:
+            await engine.generate("rose-warmup", [0], SamplingParams(max_tokens=1, temperature=0.0, logprobs=False))
+        except BaseException:
+            engine.shutdown()
+            raise
+        if relay is not None:
+            relay.observer = observer
+        return engine
+
+    @property
+    def llm(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RoseError(f"the {self.spec.purpose} engine is shut down")
+        return self._llm
+
+    def shutdown(self) -> None:
+        """Stop the engine core processes; safe to call twice."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+
+    @property
+    def errored(self) -> bool:
+        return self._llm is not None and bool(self._llm.errored)
+
+    def num_unfinished_requests(self) -> int:
+        return int(self.llm.get_num_unfinished_requests())
+
+    # ---------------------------------------------------------------- generation
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams
+    ) -> GenerationOutput:
+        """Run one prompt to completion; an abort returns what was generated with reason ``abort``."""
+        params = _sampling_params(sampling)
+        prompt = TokensPrompt(prompt_token_ids=[int(t) for t in prompt_token_ids])
+        final = None
+        async for out in self.llm.generate(prompt, params, request_id):
+            final = out
+        if final is None or not final.outputs:
+            return GenerationOutput([], [], "abort", 0)
+        seq = final.outputs[0]
+        token_ids = list(seq.token_ids)
+        return GenerationOutput(
+            token_ids=token_ids,
+            logprobs=_sampled_logprobs(seq.logprobs, token_ids),
+            finish_reason=str(seq.finish_reason or "abort"),
+            num_cached_tokens=int(final.num_cached_tokens or 0),
+        )
+
+    async def abort(self, request_id: str | Sequence[str]) -> None:
+        await self.llm.abort(request_id if isinstance(request_id, str) else list(request_id))
+
+    async def pause(self, *, keep_requests: bool = False, clear_cache: bool = False) -> None:
+        """Stop scheduling: abort what runs (default) or freeze it until ``resume``."""
+        await self.llm.pause_generation(mode="keep" if keep_requests else "abort", clear_cache=clear_cache)
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def is_paused(self) -> bool:
+        return bool(await self.llm.is_paused())
+
+    # ---------------------------------------------------------------- weights
+
+    async def reload_weights(self, path: str | os.PathLike[str], entries: Sequence[TensorEntry]) -> float:
+        """Load a whole weight version (flat file + entries) into the running model; returns seconds.
+
+        Call between ``pause()`` and ``resume()``: the prefix cache is dropped since its KV came from the
+        old weights.
+        """
+        started = time.perf_counter()
+        wire = [[e.name, e.dtype, list(e.shape), int(e.offset), int(e.nbytes)] for e in entries]
+        await self.llm.collective_rpc("rose_reload", args=(str(path), wire))
+        await self.llm.reset_prefix_cache()
+        return time.perf_counter() - started
+
+    # ---------------------------------------------------------------- serving API
+
+    async def openai_app(self, served_model_name: str = "") -> Any:
+        """vLLM's own OpenAI-compatible FastAPI app, bound to this engine (not yet listening)."""
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        name = served_model_name or self.spec.name
+        argv = ["--model", str(self.spec.model_dir), "--served-model-name", name, "--disable-log-stats"]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)  # type: ignore[no-untyped-call]
+        llm = self.llm
+        tasks = await llm.get_supported_tasks()
+        app = build_app(args, tasks, llm.model_config)
+        await init_app_state(llm, app.state, args, tasks)
+        return app
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _engine_args(spec: EngineSpec) -> AsyncEngineArgs:
+    return AsyncEngineArgs(
+        model=str(spec.model_dir),
+        served_model_name=spec.name,
+        dtype=spec.dtype,  # type: ignore[arg-type]
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        kv_cache_memory_bytes=int(spec.kv_cache_gib * _GIB),
+        skip_tokenizer_init=not spec.has_tokenizer(),
+        enforce_eager=True,
+        disable_log_stats=True,
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+
+
+def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
+    return VllmSamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        logprobs=0 if sampling.logprobs else None,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The logprob of each sampled token (vLLM returns one ``{token_id: Logprob}`` per position)."""
+    if not logprobs:
+        return []
+    return [float(position[token].logprob) for position, token in zip(logprobs, token_ids, strict=False)]
+
+
+class _StatsRelay:
+    """Hands vLLM's stat-logger calls to the observer attached after warm-up."""
+
+    def __init__(self) -> None:
+        self.observer: EngineStatsObserver | None = None
+
+    def factory(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
+        return _ObserverStatLogger(self, vllm_config, engine_index)
+
+
+class _ObserverStatLogger(StatLoggerBase):
+    """Forwards vLLM's per-iteration serving stats (TTFT, inter-token latency, KV usage) to an observer."""
+
+    def __init__(self, relay: _StatsRelay, vllm_config: Any, engine_index: int = 0) -> None:
+        self._relay = relay
+        self.engine_index = engine_index
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        observer = self._relay.observer
+        if observer is None:
+            return
+        if scheduler_stats is not None:
+            observer.on_scheduler(float(scheduler_stats.kv_cache_usage))
+        if iteration_stats is None:
+            return
+        finished = [
+            (max(f.e2e_latency - f.decode_time, 0.0), f.mean_time_per_output_token)
+            for f in iteration_stats.finished_requests
+        ]
+        observer.on_iteration(
+            iteration_stats.time_to_first_tokens_iter, iteration_stats.inter_token_latencies_iter, finished
+        )
+
+    def log_engine_initialized(self) -> None:
+        log.debug("ROSE stat logger attached to engine %d", self.engine_index)

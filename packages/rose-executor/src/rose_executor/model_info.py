@@ -1,0 +1,48 @@
+"""What an executor tells the controller about a model directory, read from its files (no torch, no vllm)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from rose_core.messages import ModelInfo
+from rose_executor.weight_file import read_safetensors_header
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def describe_model(model_dir: str | Path, purpose: Literal["serving", "rollout"], name: str = "") -> ModelInfo:
+    root = Path(model_dir)
+    config = json.loads((root / "config.json").read_text())
+    return ModelInfo(
+        name=name or root.name,
+        purpose=purpose,
+        path=str(root.resolve()),
+        parameters=count_parameters(root),
+        kv_bytes_per_token=kv_bytes_per_token(config),
+    )
+
+
+def count_parameters(model_dir: Path) -> int:
+    """Sum of tensor elements over the checkpoint's safetensors headers."""
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        for name, info in read_safetensors_header(file)[0].items():
+            if name != "__metadata__":
+                total += math.prod(info["shape"])
+    return total
+
+
+def kv_bytes_per_token(config: dict[str, Any]) -> int:
+    """K and V bytes one token occupies across all layers, in the checkpoint dtype."""
+    text = config.get("text_config", config)
+    heads = int(text.get("num_attention_heads", 0) or 0)
+    if heads == 0:
+        return 0
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
+    layers = int(text.get("num_hidden_layers", 0))
+    dtype = str(text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)

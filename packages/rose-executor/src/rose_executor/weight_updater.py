@@ -1,0 +1,198 @@
+"""Applies announced weight versions to the rollout engine: fetch with rose-transfer, then swap in place.
+
+Fetching overlaps with running turns. Applying stops admission, gives in-flight turns back
+(``weight_update``), pauses the engine, reloads, resumes and reports ``WeightApplied``. A failed fetch or
+apply reports ``ok=False`` and keeps the old version (reloading its bytes if the model was touched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from rose_core.errors import MissingExtraError, RoseError
+from rose_core.messages import TensorEntry, WeightAnnounce, WeightApplied
+from rose_executor import metrics
+from rose_executor.weight_file import flat_file_from_safetensors
+
+if TYPE_CHECKING:
+    from rose_executor.engine import VllmEngine
+    from rose_executor.rollout_runner import RolloutRunner
+
+log = logging.getLogger(__name__)
+Send = Callable[[msgspec.Struct], None]
+HeldWeights = tuple[Path, list[TensorEntry]]
+
+
+class WeightUpdater:
+    """Serialises weight updates of one rollout engine; the newest announcement wins."""
+
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        engine: VllmEngine,
+        *,
+        executor_id: str,
+        secret: bytes,
+        stage_dir: Path,
+        send: Send,
+        fetch_timeout_s: float = 300.0,
+    ) -> None:
+        self.runner = runner
+        self.engine = engine
+        self.executor_id = executor_id
+        self.stage_dir = stage_dir
+        self.fetch_timeout_s = fetch_timeout_s
+        self.updating = False
+        self._secret = secret
+        self._send = send
+        self._fetcher: Any = None
+        self._pending: WeightAnnounce | None = None
+        self._wakeup = asyncio.Event()
+        self._held: HeldWeights | None = None
+        self._task = asyncio.create_task(self._loop(), name="weight-updater")
+
+    def announce(self, msg: WeightAnnounce) -> None:
+        if self._pending is None or msg.version > self._pending.version:
+            self._pending = msg
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """Stop updating and delete the staged version file (it lives in memory under /dev/shm)."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if self._held is not None:
+            self._held[0].unlink(missing_ok=True)
+            self._held = None
+        with contextlib.suppress(OSError):
+            self.stage_dir.rmdir()  # only if empty: never remove what others put there
+
+    # ---------------------------------------------------------------- the update loop
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            announce, self._pending = self._pending, None
+            if announce is not None:
+                await self._handle(announce)
+
+    async def _handle(self, announce: WeightAnnounce) -> None:
+        started = time.perf_counter()
+        if announce.version == self.runner.weight_version:
+            self._reply(announce.version, 0.0, 0)
+            return
+        try:
+            received, fetch_s, reload_s = await self._update(announce)
+        except TimeoutError:
+            seconds = time.perf_counter() - started
+            error = f"fetching version {announce.version} from {announce.source} timed out after {seconds:.0f} s"
+            log.warning("%s", error)
+            self._reply(announce.version, seconds, 0, error=error)
+            return
+        except Exception as exc:
+            log.warning("weight version %d not applied: %s", announce.version, exc)
+            self._reply(announce.version, time.perf_counter() - started, 0, error=str(exc) or type(exc).__name__)
+            return
+        seconds = time.perf_counter() - started
+        metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
+        log.info(
+            "weight version %d applied in %.2f s (fetch %.2f s, %d bytes; reload %.3f s)",
+            announce.version,
+            seconds,
+            fetch_s,
+            received,
+            reload_s,
+        )
+        self._reply(announce.version, seconds, received)
+
+    async def _update(self, announce: WeightAnnounce) -> tuple[int, float, float]:
+        """Fetch and apply ``announce``; returns bytes received, fetch seconds and reload seconds."""
+        dest = self.stage_dir / f"v{announce.version}.bin"
+        started = time.perf_counter()
+        try:
+            fetched = await asyncio.wait_for(self._fetch(announce, dest), self.fetch_timeout_s)
+            if fetched.version != announce.version:
+                raise RoseError(f"fetched version {fetched.version} while version {announce.version} was announced")
+            fetch_s = time.perf_counter() - started
+            reload_s = await self.apply(Path(fetched.path), list(fetched.entries), announce.version)
+        except BaseException:
+            if self._held is None or self._held[0] != dest:
+                dest.unlink(missing_ok=True)
+            raise
+        return int(fetched.bytes_received), fetch_s, reload_s
+
+    async def _fetch(self, announce: WeightAnnounce, dest: Path) -> Any:
+        if self._fetcher is None:
+            try:
+                from rose_transfer.fetcher import WeightFetcher
+            except ImportError as exc:
+                raise MissingExtraError("rose-transfer's WeightFetcher", "rose-transfer") from exc
+            self._fetcher = WeightFetcher(secret=self._secret, receiver_id=self.executor_id)
+        return await self._fetcher.fetch(announce, have_version=self.runner.weight_version, dest=dest)
+
+    # ---------------------------------------------------------------- apply in place
+
+    async def apply(self, path: Path, entries: list[TensorEntry], version: int) -> float:
+        """Swap the rollout engine to ``version`` (flat file ``path``); returns the reload seconds."""
+        self.updating = True
+        self.runner.refuse("weight_update")
+        try:
+            await self.runner.abort_all("weight_update")
+            await self.engine.pause(clear_cache=True)
+            try:
+                seconds = await self._reload_or_restore(path, entries)
+            finally:
+                await self.engine.resume()
+            self.runner.set_version(version)
+            self._replace_held(path, entries)
+            return seconds
+        finally:
+            self.runner.admit()
+            self.updating = False
+
+    async def _reload_or_restore(self, path: Path, entries: list[TensorEntry]) -> float:
+        try:
+            return await self.engine.reload_weights(path, entries)
+        except Exception:
+            await self._restore()
+            raise
+
+    async def _restore(self) -> None:
+        """Put the held version's bytes back after a failed reload left the model half-updated."""
+        try:
+            held = self._held
+            if held is None:
+                held = await asyncio.to_thread(self._stage_checkpoint)
+            await self.engine.reload_weights(*held)
+            self._held = held
+        except Exception as exc:
+            log.error("could not restore weight version %d after a failed reload: %s", self.runner.weight_version, exc)
+
+    def _stage_checkpoint(self) -> HeldWeights:
+        path = self.stage_dir / f"v{self.runner.weight_version}.bin"
+        return path, flat_file_from_safetensors(Path(self.engine.spec.model_dir), path)
+
+    def _replace_held(self, path: Path, entries: list[TensorEntry]) -> None:
+        old, self._held = self._held, (path, entries)
+        if old is not None and old[0] != path:
+            old[0].unlink(missing_ok=True)
+
+    def _reply(self, version: int, seconds: float, received: int, error: str = "") -> None:
+        self._send(
+            WeightApplied(
+                executor_id=self.executor_id,
+                version=version,
+                seconds=seconds,
+                bytes_received=received,
+                ok=not error,
+                error=error[:500],
+            )
+        )

@@ -1,0 +1,362 @@
+"""The executor agent end to end: its CLI as a subprocess against a real ControlServer played by the test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rose_core.messages import (
+    CancelTurn,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Register,
+    SamplingParams,
+    Shutdown,
+    StepStarted,
+    TurnAborted,
+    TurnRequest,
+    TurnResult,
+    WeightAnnounce,
+    WeightApplied,
+    Welcome,
+)
+from rose_core.metrics import free_port
+from rose_transfer import DensePublisher
+
+from .conftest import SECRET
+from .controller_peer import ControllerPeer
+
+PROMPT = np.array([7, 21, 33, 45, 58, 61, 70, 85, 99], dtype=np.int32)
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+
+
+@dataclass
+class Executor:
+    process: subprocess.Popen[bytes]
+    controller: ControllerPeer
+    register: Register
+    children: set[int]
+    stage_dir: Path
+
+
+def write_config(path: Path, policy: Path, serving: Path, port: int, **extra: object) -> Path:
+    lines = [
+        f'policy_model_dir = "{policy}"',
+        f'serving_model_dir = "{serving}"',
+        'serving_model_name = "prod"',
+        f"serving_port = {port}",
+        "kv_cache_gib = 0.5",
+        "rollout_capacity = 2",
+        "max_model_len = 1024",
+        # An SLO no request can meet: serving traffic takes the headroom away for `latency_window_s`.
+        "slo_ttft_ms = 0.001",
+        "slo_tpot_ms = 0.001",
+        "latency_window_s = 2.0",
+        f'weight_stage_dir = "{path.parent / "stage"}"',
+        *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def executor_command(controller: str, role: str, config: Path, secret_file: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "rose_executor",
+        "--controller", controller, "--role", role, "--config", str(config),
+        "--secret-file", str(secret_file), "--metrics-port", "0", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "secret"
+    path.write_bytes(SECRET)
+    return path
+
+
+@pytest.fixture(scope="module")
+def executor(
+    tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, serving_dir: Path, secret_file: Path
+) -> Iterator[Executor]:
+    root = tmp_path_factory.mktemp("executor")
+    config = write_config(root / "executor.toml", policy_dir, serving_dir, free_port())
+    controller = ControllerPeer(SECRET)
+    command = executor_command(controller.address, "serving", config, secret_file, "--executor-id", "ex-1")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr, env=os.environ.copy())
+    try:
+        hello = controller.expect(Hello, timeout=60)
+        assert (hello.peer_id, hello.kind) == ("ex-1", "executor")
+        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        started = time.perf_counter()
+        register = controller.expect(Register, timeout=180)
+        print(f"\nexecutor (serving role, 2 engines) ready {time.perf_counter() - started:.1f} s after Welcome")
+        children = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+        yield Executor(process, controller, register, children, root / "stage")
+    finally:
+        stop(process)
+        controller.close()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop an executor left running by a failed test the way an operator would (SIGTERM), then harder."""
+    if process.poll() is not None:
+        return
+    family = psutil.Process(process.pid).children(recursive=True)
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    for child in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def turn(turn_id: str, version: int = 0, sampling: SamplingParams = GREEDY, prompt: np.ndarray = PROMPT) -> TurnRequest:
+    return TurnRequest(
+        turn_id=turn_id,
+        trajectory_id=f"traj-{turn_id}",
+        attempt=0,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        min_version=version,
+        max_version=version,
+    )
+
+
+def test_register_describes_the_host(executor: Executor, policy_dir: Path) -> None:
+    reg = executor.register
+    assert (reg.executor_id, reg.role, reg.device, reg.weight_version) == ("ex-1", "serving", "cpu", 0)
+    assert reg.rollout_capacity == 2
+    assert [(m.purpose, m.name) for m in reg.models] == [("serving", "prod"), ("rollout", "policy")]
+    assert reg.models[1].parameters > 0 and reg.models[1].kv_bytes_per_token == 512
+    assert reg.serving_endpoint.startswith("http://127.0.0.1:") and reg.serving_endpoint.endswith("/v1")
+    assert reg.metrics_endpoint.startswith("http://127.0.0.1:")
+    assert reg.memory_bytes > 1 << 30
+    assert len(executor.children) >= 2  # engine-core processes (and their workers)
+
+
+def test_heartbeats_carry_the_load(executor: Executor) -> None:
+    peer = executor.controller
+    first = peer.expect(Heartbeat, timeout=5)
+    second = peer.expect(Heartbeat, timeout=5)
+    assert second.seq > first.seq and second.executor_id == "ex-1"
+    load = second.load
+    assert (load.weight_version, load.rollout_capacity, load.slo_headroom, load.state) == (0, 2, True, "ready")
+
+
+def test_serving_endpoint_serves_and_is_observed(executor: Executor) -> None:
+    client = openai.OpenAI(base_url=executor.register.serving_endpoint, api_key="unused", max_retries=0)
+    done = client.completions.create(model="prod", prompt=[5, 6, 7], max_tokens=4, temperature=0.0)
+    assert done.usage is not None and done.usage.completion_tokens >= 1
+    peer = executor.controller
+    beat = peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.serving_requests_total >= 1)
+    assert beat.load.serving_ttft_p99_ms > 0 and beat.load.serving_tpot_p99_ms > 0
+    assert beat.load.serving_requests_in_flight == 0 and beat.load.serving_slo_violations_total >= 1
+
+
+def test_rollout_waits_for_serving_headroom(executor: Executor) -> None:
+    peer = executor.controller
+    client = openai.OpenAI(base_url=executor.register.serving_endpoint, api_key="unused", max_retries=0)
+    client.completions.create(model="prod", prompt=[9, 8, 7], max_tokens=4, temperature=0.0)
+    peer.send(turn("held"))
+    beat = peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.state == "held")
+    assert not beat.load.slo_headroom and beat.load.rollout_in_flight == 1
+    result = peer.expect(TurnResult, where=lambda r: r.turn_id == "held")
+    assert result.queue_seconds > 0.5  # held until the violating samples left the 2 s window
+    peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.slo_headroom and h.load.state == "ready")
+
+
+def test_turn_result_carries_the_version(executor: Executor) -> None:
+    peer = executor.controller
+    peer.send(turn("t1"))
+    result = peer.expect(TurnResult, where=lambda r: r.turn_id == "t1")
+    assert (result.executor_id, result.weight_version, result.attempt) == ("ex-1", 0, 0)
+    assert result.output_token_ids.dtype == np.int32 and result.output_logprobs.dtype == np.float32
+    assert 1 <= len(result.output_token_ids) == len(result.output_logprobs) <= 10
+    assert result.finish_reason in ("length", "stop") and result.run_seconds > 0
+    beat = peer.expect(Heartbeat, timeout=5)
+    assert "traj-t1" in beat.load.warm_trajectories
+    assert beat.load.rollout_tokens_total >= len(result.output_token_ids)
+
+
+def test_wrong_version_and_capacity_are_refused(executor: Executor) -> None:
+    peer = executor.controller
+    peer.send(turn("t-v5", version=5))
+    aborted = peer.expect(TurnAborted, where=lambda a: a.turn_id == "t-v5")
+    assert aborted.reason == "version"
+    long = SamplingParams(max_tokens=200, temperature=0.0)
+    for name in ("c1", "c2", "c3"):
+        peer.send(turn(name, sampling=long))
+    refused = peer.expect(TurnAborted, where=lambda a: a.turn_id == "c3")
+    assert refused.reason == "capacity"
+    for name in ("c1", "c2"):
+        peer.expect(TurnResult, where=lambda r, name=name: r.turn_id == name)
+
+
+def test_cancel_turn_gets_no_reply(executor: Executor) -> None:
+    peer = executor.controller
+    peer.send(turn("x1", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(CancelTurn(turn_id="x1", attempt=0))
+    peer.quiet_for(1.5, where=lambda m: getattr(m, "turn_id", "") == "x1")
+    peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 0)
+
+
+def test_weight_update_through_rose_transfer(executor: Executor, policy_dir: Path) -> None:
+    peer = executor.controller
+    peer.send(turn("w0"))
+    before = peer.expect(TurnResult, where=lambda r: r.turn_id == "w0")
+    state = load_file(str(policy_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    new = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
+    publisher = DensePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    try:
+        peer.send(turn("busy", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+        peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+        peer.send(publisher.publish(1, step=1, tensors=new))
+        applied = peer.expect(WeightApplied, timeout=60)
+    finally:
+        publisher.close()
+    assert (applied.ok, applied.version, applied.error) == (True, 1, "")
+    assert [p.name for p in executor.stage_dir.iterdir()] == ["v1.bin"]
+    assert applied.bytes_received >= sum(t.numel() * 2 for t in new.values())
+    print(f"\nweight version 1 fetched and applied in {applied.seconds:.3f} s")
+    given_back = peer.expect(TurnAborted, where=lambda a: a.turn_id == "busy")
+    assert given_back.reason == "weight_update"
+    peer.send(turn("w1", version=1))
+    after = peer.expect(TurnResult, where=lambda r: r.turn_id == "w1")
+    assert after.weight_version == 1
+    changed = (after.output_token_ids.tolist(), after.output_logprobs.tolist())
+    assert changed != (before.output_token_ids.tolist(), before.output_logprobs.tolist())
+    peer.send(turn("old", version=0))
+    assert peer.expect(TurnAborted, where=lambda a: a.turn_id == "old").reason == "version"
+
+
+def test_failed_fetch_keeps_the_version(executor: Executor) -> None:
+    peer = executor.controller
+    peer.send(WeightAnnounce(version=2, step=2, source=f"tcp://127.0.0.1:{free_port()}"))
+    failed = peer.expect(WeightApplied, timeout=60, where=lambda w: w.version == 2)
+    assert not failed.ok and "cannot fetch weight version 2" in failed.error
+    peer.send(StepStarted(step=2, weight_version=1))
+    beat = peer.expect(Heartbeat, timeout=5)
+    assert beat.load.weight_version == 1 and beat.load.state == "ready"
+
+
+def test_prometheus_metrics(executor: Executor) -> None:
+    text = httpx.get(executor.register.metrics_endpoint, timeout=5).text
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line[:1] != "#"}
+    assert samples['rose_executor_rollout_turns_total{outcome="ok"}'] >= 5
+    assert samples['rose_executor_rollout_turns_total{outcome="version"}'] >= 2
+    assert samples['rose_executor_rollout_turns_total{outcome="capacity"}'] >= 1
+    assert samples["rose_executor_rollout_tokens_total"] > 0
+    assert samples["rose_executor_weight_version"] == 1
+    assert samples["rose_executor_weight_apply_seconds_count"] == 1
+    assert samples["rose_executor_serving_ttft_seconds_count"] >= 2
+    assert samples["rose_executor_serving_tpot_seconds_count"] >= 2
+    assert samples["rose_executor_serving_slo_violations_total"] >= 2
+
+
+def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:
+    peer = executor.controller
+    peer.send(turn("last", version=1, sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(Shutdown(reason="test over"))
+    given_back = peer.expect(TurnAborted, where=lambda a: a.turn_id == "last")
+    assert given_back.reason == "shutdown"
+    goodbye = peer.expect(Goodbye, timeout=10)
+    assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
+    assert executor.process.wait(timeout=60) == 0
+    assert_gone(executor.children)
+    assert not executor.stage_dir.exists()  # the staged weight version is gone from memory too
+
+
+def assert_gone(pids: set[int], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive == [], f"orphan processes left behind: {alive}"
+
+
+def test_dedicated_role_stops_on_sigterm(tmp_path: Path, policy_dir: Path, secret_file: Path) -> None:
+    config = tmp_path / "executor.toml"
+    config.write_text(f'policy_model_dir = "{policy_dir}"\nkv_cache_gib = 0.5\nmax_model_len = 1024\n')
+    controller = ControllerPeer(SECRET)
+    command = executor_command(controller.address, "dedicated", config, secret_file, "--executor-id", "ded-1")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    try:
+        controller.expect(Hello, timeout=60)
+        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3))
+        reg = controller.expect(Register, timeout=120)
+        assert (reg.role, reg.serving_endpoint, [m.purpose for m in reg.models]) == ("dedicated", "", ["rollout"])
+        children = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+        beat = controller.expect(Heartbeat, timeout=5)
+        assert beat.load.slo_headroom and beat.load.serving_requests_total == 0
+        controller.send(turn("d1", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+        controller.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+        process.send_signal(signal.SIGTERM)
+        assert controller.expect(TurnAborted, where=lambda a: a.turn_id == "d1").reason == "shutdown"
+        assert "SIGTERM" in controller.expect(Goodbye, timeout=10).reason
+        assert process.wait(timeout=60) == 0
+        assert_gone(children)
+    finally:
+        stop(process)
+        controller.close()
+
+
+def test_bad_secret_is_one_clear_error_and_exit_2(tmp_path: Path, policy_dir: Path, serving_dir: Path) -> None:
+    controller = ControllerPeer(SECRET)
+    try:
+        wrong = tmp_path / "wrong-secret"
+        wrong.write_bytes(b"not-the-secret-of-this-controller")
+        config = write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port())
+        command = executor_command(controller.address, "dedicated", config, wrong, "--log-level", "WARNING")
+        done = subprocess.run(command, check=False, capture_output=True, timeout=60, text=True)
+    finally:
+        controller.close()
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr
+    assert lines[-1].startswith("rose-executor: error: the controller refused this executor (unauthenticated)")
+    assert "secret" in lines[-1]
+
+
+def test_no_controller_is_one_clear_error(tmp_path: Path, policy_dir: Path, secret_file: Path) -> None:
+    config = tmp_path / "executor.toml"
+    config.write_text(f'policy_model_dir = "{policy_dir}"\nwelcome_timeout_s = 1.0\n')
+    address = f"tcp://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        executor_command(address, "dedicated", config, secret_file),
+        check=False,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"rose-executor: error: no Welcome from the controller at {address} within 1 s: "
+        "check --controller and that the controller is running"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pytest
+
+from rose_executor.latency_window import LatencyWindow
+from rose_executor.serving_monitor import ServingMonitor, has_headroom
+from rose_executor.warm_trajectories import WarmTrajectories
+
+
+def test_percentiles_cover_only_the_horizon() -> None:
+    window = LatencyWindow(horizon_s=10.0)
+    for i in range(50):
+        window.add_ttft(now=i * 0.2, seconds=0.010)
+        if i == 25:
+            window.add_ttft(now=5.0, seconds=1.0)
+    snap = window.snapshot(now=9.9)
+    assert snap.ttft_samples == 51
+    assert snap.ttft_p50_s == pytest.approx(0.010)
+    assert snap.ttft_p99_s > 0.010
+    later = window.snapshot(now=15.5)  # samples before t=5.5 aged out, the 1.0 s outlier with them
+    assert later.ttft_samples == 22
+    assert later.ttft_p99_s == pytest.approx(0.010)
+    assert window.snapshot(now=100.0).ttft_p99_s == 0.0
+
+
+def test_tpot_and_kv_usage() -> None:
+    window = LatencyWindow(horizon_s=1.0)
+    for i in range(10):
+        window.add_tpot(now=0.5, seconds=0.001 * (i + 1))
+    window.set_kv_usage(1.7)
+    snap = window.snapshot(now=1.0)
+    assert snap.tpot_p50_s == pytest.approx(0.0055)
+    assert snap.tpot_samples == 10
+    assert snap.kv_usage_ratio == 1.0
+
+
+def test_window_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="horizon_s"):
+        LatencyWindow(horizon_s=0)
+
+
+def test_headroom_needs_both_p99_below_the_fraction() -> None:
+    clock = [0.0]
+    monitor = ServingMonitor(slo_ttft_s=1.0, slo_tpot_s=0.1, headroom_fraction=0.8, clock=lambda: clock[0])
+    assert monitor.has_headroom()  # no traffic, no pressure
+    monitor.on_iteration(ttfts=[0.5], tpots=[0.05, 0.05], finished=[(0.5, 0.05)])
+    assert monitor.has_headroom()
+    monitor.on_iteration(ttfts=[], tpots=[0.09] * 5, finished=[(0.2, 0.2)])
+    assert not monitor.has_headroom()
+    assert monitor.requests_total == 2
+    assert monitor.violations_total == 1
+    clock[0] = 60.0  # the window forgets
+    assert monitor.has_headroom()
+    assert has_headroom(monitor.snapshot(), 1.0, 0.1, 0.8)
+
+
+def test_warm_trajectories_are_recent_and_bounded() -> None:
+    warm = WarmTrajectories(limit=3, horizon_s=10.0)
+    for i, name in enumerate("abcd"):
+        warm.touch(name, now=float(i))
+    warm.touch("b", now=5.0)
+    assert warm.ids(now=6.0) == ["c", "d", "b"]
+    assert warm.ids(now=13.5) == ["b"]
+    warm.clear()
+    assert warm.ids(now=13.5) == []
