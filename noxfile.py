@@ -28,7 +28,7 @@ VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 PACKAGE_TESTS = {
     "core": ([CORE], ["tests/core"]),
     "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
-    "transfer": ([CORE, TRANSFER], ["tests/transfer"]),
+    "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx]"], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),
     "tui": ([CORE, TUI, "pytest-textual-snapshot>=1.1"], ["tests/tui"]),
 }
