@@ -26,7 +26,7 @@ VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 
 # What each per-package test session installs (alone) and which test folders it runs.
 PACKAGE_TESTS = {
-    "core": ([CORE], ["tests/core"]),
+    "core": ([f"{CORE}[sim]"], ["tests/core"]),
     "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
     "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx]"], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),

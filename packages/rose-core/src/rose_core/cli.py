@@ -125,6 +125,57 @@ def _print_summary(data: dict[str, Any], report_path: str | None) -> None:
         click.echo(f"report: {report_path}")
 
 
+@main.command()
+@click.option("--scenario", "scenario_name", default="paper-8b", show_default=True,
+              help="A shipped scenario (paper-8b, paper-32b, scale-1024) or a TOML file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Draw per-step figures into this PNG.")
+@click.option("--bench-scheduler", is_flag=True, help="Benchmark the scheduler's routing decision instead.")
+def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_scheduler: bool) -> None:
+    """Simulate a cluster: ROSE against resource-fixed and resource-elastic baselines, in simulated time."""
+    if bench_scheduler:
+        from rose_core.sim.bench_scheduler import bench_scheduler as run_bench
+
+        result = run_bench().to_dict()
+        click.echo(json.dumps(result, indent=2) if as_json else
+                   "  ".join(f"{k}={v}" for k, v in result.items()))
+        return
+    from rose_core.sim import load_scenario, run_scenario, to_json
+    from rose_core.sim.system_result import format_table
+
+    scenario = load_scenario(scenario_name)
+    if plot_path:
+        _require_matplotlib()
+    results = run_scenario(scenario, _sim_progress(sys.stderr.isatty()))
+    if plot_path:
+        from rose_core.sim.plot import plot_results
+
+        plot_results(plot_path, scenario.name, results)
+    if as_json:
+        click.echo(json.dumps(to_json(scenario, results), indent=2))
+        return
+    for algorithm, res in results.items():
+        click.echo(format_table(f"\n{scenario.name} / {algorithm} ({scenario.workload.steps} steps)", res))
+    if plot_path:
+        click.echo(f"\nplot: {plot_path}")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        _fail("--plot needs matplotlib: run `pip install 'rose-core[sim]'`")
+
+
+def _sim_progress(enabled: bool) -> Any:
+    if not enabled:
+        return None
+
+    def show(label: str, steps: int) -> None:
+        click.echo("\r" + f"simulating {label}: step {steps}".ljust(60), nl=False, err=True)
+    return show
+
+
 @main.group()
 def config() -> None:
     """Inspect configuration."""

@@ -7,6 +7,14 @@ Routing order for a turn: the affine worker (where its trajectory's last turn ra
 the least-loaded dedicated worker -> the least-loaded borrowed serving worker that reports SLO headroom
 and an unfrozen memory budget -> the FIFO queue (re-routed turns keep their place: fair aging).
 A worker can take a turn only if it holds a weight version inside the turn's allowed window.
+Long tail (move back when capacity frees): a turn whose affine worker is a borrowed serving worker goes to
+the least-loaded dedicated worker with room, if any (reason ``long_tail``): a trajectory spills to serving
+GPUs under contention, and at the end of a step, when dedicated GPUs free up while borrowed ones (slowed by
+serving) still hold stragglers, the stragglers' next turns run where they finish sooner. The reverse move
+(off a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
+serving load, which the scheduler does not model.
+
+Workers are changed only through this class (it keeps a load index of them for the least-loaded pick).
 
 Invariants (property-tested): every submitted turn is exactly one of queued, running on one worker, or
 done; a result is accepted once, only from the worker and attempt it was last assigned to; results of
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rose_core.config import SchedulerConfig
+from rose_core.scheduler.load_index import LoadIndex
 from rose_core.scheduler.turn_queue import TurnQueue
 from rose_core.scheduler.turn_ticket import TurnTicket
 from rose_core.scheduler.worker_state import Pool, WorkerState
@@ -33,7 +42,7 @@ class Assignment:
     ticket: TurnTicket
     worker_id: str
     reason: str
-    """affinity | dedicated | borrowed"""
+    """affinity | dedicated | borrowed | long_tail"""
 
 
 class ElasticScheduler:
@@ -45,6 +54,7 @@ class ElasticScheduler:
         self._done: set[str] = set()
         self._affinity: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
+        self._index = LoadIndex()
 
     # ---------------------------------------------------------------- workers
 
@@ -55,6 +65,7 @@ class ElasticScheduler:
         cap = min(capacity, self.config.max_concurrency_per_worker)
         state = WorkerState(worker_id, pool, cap, weight_version, last_seen=now, borrowed=pool == "dedicated")
         self.workers[worker_id] = state
+        self._index.refile(state)
         return state
 
     def borrow(self, candidates: Iterable[tuple[str, float]], limit: int | None = None) -> list[str]:
@@ -64,6 +75,7 @@ class ElasticScheduler:
         chosen = [wid for _, wid in free[:n]]
         for wid in chosen:
             self.workers[wid].borrowed = True
+            self._index.refile(self.workers[wid])
         return chosen
 
     def release_borrowed(self, now: float) -> list[str]:
@@ -79,6 +91,7 @@ class ElasticScheduler:
         if worker is None:
             return []
         worker.borrowed = False
+        self._index.refile(worker)
         return self._evacuate(now, worker, "revoked")
 
     def observe(
@@ -101,6 +114,7 @@ class ElasticScheduler:
         worker.slo_headroom = slo_headroom
         worker.budget_frozen = budget_frozen
         worker.kv_usage_ratio = kv_usage_ratio
+        self._index.refile(worker)
 
     def find_stalled(self, now: float, stall_timeout_s: float) -> list[str]:
         """Workers silent past the timeout are treated as failed: their turns are re-routed."""
@@ -108,6 +122,7 @@ class ElasticScheduler:
         for worker in self.workers.values():
             if worker.health == "ready" and now - worker.last_seen > stall_timeout_s:
                 worker.health = "stalled"
+                self._index.refile(worker)
                 self._evacuate(now, worker, "stalled")
                 stalled.append(worker.worker_id)
         return stalled
@@ -117,6 +132,7 @@ class ElasticScheduler:
         if worker is None:
             return []
         worker.health = "gone"
+        self._index.discard(worker_id)
         return self._evacuate(now, worker, reason)
 
     # ---------------------------------------------------------------- turns
@@ -130,20 +146,26 @@ class ElasticScheduler:
     def schedule(self, now: float) -> list[Assignment]:
         """Place queued turns, oldest first, on workers that can take them."""
         out: list[Assignment] = []
+        refused: set[tuple[int, int]] = set()
+        """Version windows no worker can take in this call (until a placement changes the index)."""
 
         def place(ticket: TurnTicket) -> bool:
-            found = self._pick(ticket)
+            window = (ticket.min_version, ticket.max_version)
+            found = self._pick(ticket, skip_pools=window in refused)
             if found is None:
+                refused.add(window)
                 return False
             worker, reason = found
             worker.in_flight[ticket.turn_id] = ticket.attempt
+            self._index.refile(worker)
             self._running[ticket.turn_id] = (worker.worker_id, ticket)
             self.counters[f"routed_{reason}"] += 1
+            refused.clear()
             out.append(Assignment(ticket, worker.worker_id, reason))
             return True
 
-        if self.queue:
-            self.queue.drain(place, self.config.queue_scan_limit)
+        if self.queue:  # stop as soon as no worker has room: a saturated fleet costs O(1), not O(scan limit)
+            self.queue.drain(place, self.config.queue_scan_limit, lambda: len(self._index) > 0)
         return out
 
     def complete(self, now: float, worker_id: str, turn_id: str, attempt: int) -> Verdict:
@@ -161,6 +183,7 @@ class ElasticScheduler:
         if worker is not None:
             worker.in_flight.pop(turn_id, None)
             worker.turns_done += 1
+            self._index.refile(worker)
         self._affinity[running[1].trajectory_id] = worker_id
         self.counters["completed"] += 1
         return "accepted"
@@ -197,18 +220,20 @@ class ElasticScheduler:
 
     # ---------------------------------------------------------------- internals
 
-    def _pick(self, ticket: TurnTicket) -> tuple[WorkerState, str] | None:
+    def _pick(self, ticket: TurnTicket, skip_pools: bool = False) -> tuple[WorkerState, str] | None:
+        """``skip_pools``: the pools are known to hold no worker for this window; only affinity can place."""
+        lo, hi = ticket.min_version, ticket.max_version
         affine = self.workers.get(self._affinity.get(ticket.trajectory_id, ""))
         if affine is not None and self._fits(affine, ticket):
-            return affine, "affinity"
-        best: WorkerState | None = None
-        for pool in ("dedicated", "serving"):
-            for worker in self.workers.values():
-                if worker.pool == pool and self._fits(worker, ticket) and (best is None or worker.load < best.load):
-                    best = worker
-            if best is not None:
-                return best, "dedicated" if pool == "dedicated" else "borrowed"
-        return None
+            back = None if skip_pools or affine.pool != "serving" else self._index.least_loaded("dedicated", lo, hi)
+            return (back, "long_tail") if back is not None else (affine, "affinity")
+        if skip_pools:
+            return None
+        dedicated = self._index.least_loaded("dedicated", lo, hi)
+        if dedicated is not None:
+            return dedicated, "dedicated"
+        borrowed = self._index.least_loaded("serving", lo, hi)
+        return (borrowed, "borrowed") if borrowed is not None else None
 
     @staticmethod
     def _fits(worker: WorkerState, ticket: TurnTicket) -> bool:
@@ -226,6 +251,7 @@ class ElasticScheduler:
         worker = self.workers.get(worker_id)
         if worker is not None:
             worker.in_flight.pop(turn_id, None)
+            self._index.refile(worker)
         ticket.attempt += 1
         self.queue.push(ticket)
         self.counters[counter] += 1

@@ -23,10 +23,12 @@ class TurnQueue:
     def push(self, ticket: TurnTicket) -> None:
         heapq.heappush(self._heap, (ticket.first_queued_at, next(self._seq), ticket))
 
-    def drain(self, place: Callable[[TurnTicket], bool], scan_limit: int) -> None:
-        """Offer turns oldest first to ``place``; keep those it refuses. Stops after ``scan_limit`` refusals."""
+    def drain(self, place: Callable[[TurnTicket], bool], scan_limit: int,
+              keep_going: Callable[[], bool] | None = None) -> None:
+        """Offer turns oldest first to ``place``; keep those it refuses. Stops after ``scan_limit`` refusals,
+        or as soon as ``keep_going()`` says no turn can be placed any more."""
         kept: list[tuple[float, int, TurnTicket]] = []
-        while self._heap and len(kept) < scan_limit:
+        while self._heap and len(kept) < scan_limit and (keep_going is None or keep_going()):
             item = heapq.heappop(self._heap)
             if not place(item[2]):
                 kept.append(item)

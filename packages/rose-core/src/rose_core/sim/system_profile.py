@@ -1,0 +1,30 @@
+"""The compared systems, each a CONFIGURATION of the one simulation engine (never a separate code path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rose_core.sim.scenario import SystemName
+
+ElasticKind = Literal["none", "borrowed", "spot", "serverless"]
+
+
+@dataclass(slots=True, frozen=True)
+class SystemProfile:
+    name: SystemName
+    elastic: ElasticKind
+    asynchronous: bool
+    label: str
+
+
+PROFILES: dict[str, SystemProfile] = {
+    "fixed": SystemProfile("fixed", "none", False, "dedicated GPUs only, synchronous (ROLL-like)"),
+    "fixed-async": SystemProfile("fixed-async", "none", True, "dedicated only, bounded staleness (AReaL-like)"),
+    "elastic-spot": SystemProfile("elastic-spot", "spot", False,
+                                  "+ spot GPUs: acquisition delay, preemptions, weight pull on join (RLBoost-like)"),
+    "serverless": SystemProfile("serverless", "serverless", False,
+                                "+ serverless GPU functions: cold starts, time limit (lambda-RL-like)"),
+    "rose": SystemProfile("rose", "borrowed", False,
+                          "+ borrowed serving GPUs under dual-slack admission and serving-first memory"),
+}

@@ -1,0 +1,77 @@
+"""The scheduler's load index and long-tail rule, plus the decision-latency benchmark."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis.stateful import invariant
+from test_scheduler import SchedulerMachine
+
+from rose_core.config import SchedulerConfig
+from rose_core.scheduler import ElasticScheduler, TurnTicket
+from rose_core.sim.bench_scheduler import bench_scheduler
+
+
+class IndexedSchedulerMachine(SchedulerMachine):
+    """The same random event sequences as test_scheduler: the index always equals a full scan."""
+
+    @invariant()
+    def index_matches_a_full_scan(self) -> None:
+        s = self.s
+        expected = {(w.worker_id, w.pool, w.weight_version, w.load) for w in s.workers.values() if w.usable()}
+        indexed = {(wid, *where) for wid, where in s._index._where.items()}
+        assert indexed == expected
+
+    @invariant()
+    def pick_is_least_loaded(self) -> None:
+        s = self.s
+        probe = TurnTicket("probe", "nobody", 0, 0, 0.0)
+        found = s._pick(probe)
+        usable = [w for w in s.workers.values() if w.usable() and w.holds(0, 0)]
+        if found is None:
+            assert not usable
+            return
+        worker, reason = found
+        pool = [w for w in usable if w.pool == worker.pool]
+        assert worker.load == min(w.load for w in pool)
+        assert reason == "borrowed" or not any(w.pool == "serving" for w in [worker])
+        if worker.pool == "serving":
+            assert not any(w.pool == "dedicated" for w in usable)
+
+
+TestIndexedSchedulerMachine = IndexedSchedulerMachine.TestCase
+TestIndexedSchedulerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_long_tail_moves_a_straggler_from_borrowed_to_idle_dedicated() -> None:
+    s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=1))
+    s.add_worker(0, "d1", "dedicated", 1, 0)
+    s.add_worker(0, "s1", "serving", 1, 0)
+    s.borrow([("s1", 0.0)])
+    s.submit(0, TurnTicket("a0", "A", 0, 0, 0.0))
+    s.submit(0, TurnTicket("b0", "B", 0, 0, 0.0))
+    assert {a.ticket.turn_id: a.worker_id for a in s.schedule(0)} == {"a0": "d1", "b0": "s1"}
+    s.complete(1, "d1", "a0", 0)
+    s.finish_trajectory("A")
+    s.complete(1, "s1", "b0", 0)
+    s.submit(1, TurnTicket("b1", "B", 0, 0, 1.0))
+    (a,) = s.schedule(1)
+    assert (a.worker_id, a.reason) == ("d1", "long_tail")
+
+
+def test_affinity_to_a_dedicated_worker_is_kept() -> None:
+    s = ElasticScheduler()
+    s.add_worker(0, "d1", "dedicated", 4, 0)
+    s.add_worker(0, "d2", "dedicated", 4, 0)
+    s.submit(0, TurnTicket("a0", "A", 0, 0, 0.0))
+    (first,) = s.schedule(0)
+    s.complete(1, first.worker_id, "a0", 0)
+    s.submit(1, TurnTicket("a1", "A", 0, 0, 1.0))
+    (again,) = s.schedule(1)
+    assert (again.worker_id, again.reason) == (first.worker_id, "affinity")
+
+
+def test_bench_reports_decision_percentiles() -> None:
+    result = bench_scheduler(workers=100, trajectories=1000, decisions=500).to_dict()
+    assert result["decisions"] == 500
+    assert 0 < result["decision_p50_us"] <= result["decision_p99_us"] <= result["decision_max_us"]
+    assert result["least_loaded_p99_us"] > 0
