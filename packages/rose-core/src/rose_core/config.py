@@ -18,14 +18,28 @@ from rose_core.errors import ConfigError
 T = TypeVar("T")
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
+class ConfigSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every TOML config section: keyword-only, unknown fields rejected."""
 
 
-def _positive(**values: float) -> None:
+_Section = ConfigSection
+
+
+def require_positive(**values: float) -> None:
+    """``ValueError`` naming the first value that is not > 0 (msgspec adds the field's path)."""
     for name, value in values.items():
-        if value <= 0:
+        if not value > 0:
             raise ValueError(f"`{name}` must be > 0 (got {value})")
+
+
+def require_fraction(**values: float) -> None:
+    """``ValueError`` naming the first value outside (0, 1]."""
+    for name, value in values.items():
+        if not 0 < value <= 1:
+            raise ValueError(f"`{name}` must be in (0, 1] (got {value})")
+
+
+_positive = require_positive
 
 
 class ControllerConfig(_Section):

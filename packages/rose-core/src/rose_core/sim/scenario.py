@@ -13,7 +13,7 @@ from typing import Literal
 
 import msgspec
 
-from rose_core.config import parse_config
+from rose_core.config import ConfigSection, parse_config, require_fraction, require_positive
 from rose_core.errors import ConfigError
 
 SYSTEMS = ("fixed", "fixed-async", "elastic-spot", "serverless", "rose")
@@ -21,20 +21,9 @@ SystemName = Literal["fixed", "fixed-async", "elastic-spot", "serverless", "rose
 Algorithm = Literal["grpo", "dapo"]
 
 
-class _Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-def _positive(**values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"`{name}` must be > 0 (got {value})")
-
-
-def _fraction(**values: float) -> None:
-    for name, value in values.items():
-        if not 0 < value <= 1:
-            raise ValueError(f"`{name}` must be in (0, 1] (got {value})")
+_Spec = ConfigSection
+_positive = require_positive
+_fraction = require_fraction
 
 
 class GpuSpec(_Spec):
