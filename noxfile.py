@@ -28,7 +28,7 @@ VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 PACKAGE_TESTS = {
     "core": ([f"{CORE}[sim]"], ["tests/core"]),
     "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
-    "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx]"], ["tests/transfer"]),
+    "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx,cuda]"], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),
     "tui": ([CORE, TUI, "pytest-textual-snapshot>=1.1"], ["tests/tui"]),
 }

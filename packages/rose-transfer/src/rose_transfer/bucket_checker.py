@@ -10,12 +10,15 @@ from typing import Any
 import numpy as np
 
 from rose_core.auth import Signer
-from rose_core.errors import ProtocolError
+from rose_core.errors import MissingExtraError, ProtocolError
 from rose_core.messages import BucketData, BucketInfo, ErrorReport, TransferReply
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
+from rose_transfer.codec import DENSE, CodecError, decode_bucket
 from rose_transfer.errors import BucketCorrupt, TransferError
+from rose_transfer.held_bases import BaseFile
 from rose_transfer.manifest import bucket_checksum
+from rose_transfer.partial_file import PartialFile
 
 
 class BucketChecker:
@@ -34,10 +37,20 @@ class BucketChecker:
             framer = self._local.framer = Framer(Signer(self._secret), TransferReply, self._max)
         return framer
 
-    def check(self, frames: list[Any], version: int, info: BucketInfo, region: memoryview) -> None:
-        """Verify one reply for bucket ``info`` and leave its bytes in ``region``.
+    def check(
+        self,
+        frames: list[Any],
+        version: int,
+        info: BucketInfo,
+        region: np.ndarray,
+        base: BaseFile | None,
+        file: PartialFile,
+    ) -> None:
+        """Verify one reply for bucket ``info`` and write the bucket's new bytes into ``file``.
 
-        Raises ``BucketCorrupt`` (pull it again) or ``TransferError`` (the publisher refused)."""
+        ``region`` (uint8, the bucket's size) is the buffer the bulk frame may have landed in; a patch
+        is applied there to this bucket of ``base`` (the held version). Raises ``BucketCorrupt`` (pull
+        it again) or ``TransferError`` (the publisher refused)."""
         try:
             reply = self._framer().open(frames)
         except ProtocolError as exc:
@@ -47,12 +60,20 @@ class BucketChecker:
             raise TransferError(f"the weight publisher refused bucket {info.index}: {reply.message}")
         if not isinstance(reply, BucketData) or (reply.version, reply.index) != (version, info.index):
             raise BucketCorrupt("reply for another request")
-        if reply.encoding != "dense":
-            raise TransferError(
-                f"the publisher sent a {reply.encoding!r} bucket: install the same rose-transfer version on both ends"
-            )
-        data = reply.data
+        data = reply.data if reply.encoding == DENSE else self._decoded(reply, info, region, base)
         if data.nbytes != info.nbytes or bucket_checksum(data) != info.checksum:
             raise BucketCorrupt("checksum mismatch")
-        if not (len(frames) == 4 and frames[3] is region):  # small buckets travel inline in the header
-            np.frombuffer(region, dtype=np.uint8)[:] = data.reshape(-1).view(np.uint8)
+        file.write(info.offset, data)
+
+    @staticmethod
+    def _decoded(reply: BucketData, info: BucketInfo, region: np.ndarray, base: BaseFile | None) -> np.ndarray:
+        if base is None and not reply.encoding.startswith(DENSE):
+            raise BucketCorrupt(f"a {reply.encoding!r} bucket came for a bucket asked dense")
+        if base is not None:
+            base.read_into(info.offset, region)
+        try:
+            return decode_bucket(reply.encoding, reply.data, region if base is not None else None, out=region)
+        except CodecError as exc:
+            raise BucketCorrupt(f"patch does not apply ({exc})") from None
+        except MissingExtraError as exc:
+            raise TransferError(str(exc)) from None

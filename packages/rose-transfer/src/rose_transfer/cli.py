@@ -88,13 +88,65 @@ def fetch(source: str, version: int, dest: Path, digest: str, secret_file: str |
 
 
 @main.command()
+@click.option("--params", type=float, default=300e6, show_default=True, help="Model parameters (Llama-shaped).")
+@click.option("--receivers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--clusters", type=click.IntRange(min=1), default=2, show_default=True, help="Cluster 0 holds the source."
+)
+@click.option("--source-tp", type=click.Choice(["1", "2", "4", "8"]), default="1", show_default=True)
+@click.option("--dest-tp", type=click.Choice(["1", "2", "4", "8"]), default="2", show_default=True)
+@click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True)
+@click.option("--lr", type=float, default=1e-6, show_default=True, help="Adam learning rate of the step.")
+@click.option("--link-gbps", type=float, default=None, help="Rate of the link into each other cluster (Gbit/s).")
+@click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="Timed runs of each system.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench(
+    params: float,
+    receivers: int,
+    clusters: int,
+    source_tp: str,
+    dest_tp: str,
+    transport: str,
+    lr: float,
+    link_gbps: float | None,
+    bucket_mb: int,
+    repeat: int,
+    as_json: bool,
+) -> None:
+    """Dense broadcast (today's systems) against ROSE's shard-aware, sparse, relayed transfer."""
+    from rose_transfer.bench_progress import BenchProgress
+    from rose_transfer.transfer_bench import BenchConfig, run_transfer_bench
+
+    cfg = BenchConfig(
+        params=int(params),
+        receivers=receivers,
+        clusters=clusters,
+        source_tp=int(source_tp),
+        dest_tp=int(dest_tp),
+        transport=transport,
+        lr=lr,
+        link_gbps=link_gbps,
+        bucket_bytes=bucket_mb * MIB,
+        repeat=repeat,
+    )
+    result = run_transfer_bench(cfg, BenchProgress(8))
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        if key not in ("plan", "config", "repeats"):
+            click.echo(f"{key:>30}  {value:.4g}" if isinstance(value, float) else f"{key:>30}  {value}")
+
+
+@main.command("bench-fetch")
 @click.option("--size-mb", type=click.IntRange(min=1), default=300, show_default=True)
 @click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--window", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--dest-dir", type=click.Path(file_okay=False, path_type=Path), help="Default: /dev/shm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench(size_mb: int, bucket_mb: int, window: int, runs: int, dest_dir: Path | None, as_json: bool) -> None:
+def bench_fetch(size_mb: int, bucket_mb: int, window: int, runs: int, dest_dir: Path | None, as_json: bool) -> None:
     """Fetch a dense version between two local processes; compare with raw TCP in the same run."""
     from rose_transfer.loopback_bench import run_loopback_bench
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rose_core.messages import WeightAnnounce, WeightManifest
 from rose_transfer.errors import TransferError
+from rose_transfer.held_bases import BaseFile
 from rose_transfer.partial_file import PartialFile
 
 
@@ -19,6 +20,20 @@ class FetchProgress:
     done: set[int] = field(default_factory=set)
     retries: dict[int, int] = field(default_factory=dict)
     bytes_received: int = 0
+    wanted: frozenset[int] | None = None  # the buckets to pull (a shard's); None: all
+    base: BaseFile | None = None  # the file of ``have_version``, for patches
+    base_buckets: frozenset[int] = frozenset()  # the buckets of ``base`` that hold valid bytes
+    dense_only: set[int] = field(default_factory=set)  # buckets whose patch failed: pulled dense
+    sources: list[str] = field(default_factory=list)  # where to pull from, in order (relay, then source)
+
+    @property
+    def source(self) -> str:
+        return self.sources[0] if self.sources else self.announce.source
+
+    def bucket_base(self, index: int) -> int:
+        """The version a bucket is asked against: ours if we hold its bytes, else -1 (dense)."""
+        usable = self.base is not None and index in self.base_buckets and index not in self.dense_only
+        return self.have_version if usable else -1
 
     @property
     def version(self) -> int:
@@ -27,11 +42,15 @@ class FetchProgress:
     def missing(self) -> list[int]:
         if self.manifest is None:
             return []
-        return [b.index for b in self.manifest.buckets if b.index not in self.done]
+        wanted = self.wanted
+        return [
+            b.index for b in self.manifest.buckets if b.index not in self.done and (wanted is None or b.index in wanted)
+        ]
 
     def corrupt(self, index: int, reason: str) -> None:
         """Count a failed bucket; raise once it failed more often than allowed."""
         count = self.retries[index] = self.retries.get(index, 0) + 1
+        self.dense_only.add(index)  # a patch may have met a diverged base: the retry is dense
         if count > self.max_bucket_retries:
             raise TransferError(
                 f"bucket {index} of weight version {self.version} failed {count} times ({reason}): "

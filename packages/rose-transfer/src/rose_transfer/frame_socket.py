@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rose_core.errors import ProtocolError
+from rose_transfer.link_pacer import CHUNK_BYTES, LinkPacer
 
 MAX_FRAMES = 16
 _COUNT = struct.Struct(">I")
@@ -29,8 +30,9 @@ class ConnectionClosed(ConnectionError):
 class FrameSocket:
     """One connected, non-blocking TCP socket driven by the running event loop."""
 
-    def __init__(self, sock: socket.socket, stall_timeout: float = 60.0) -> None:
+    def __init__(self, sock: socket.socket, stall_timeout: float = 60.0, pacer: LinkPacer | None = None) -> None:
         sock.setblocking(False)
+        self.pacer = pacer
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             _tune(sock, stall_timeout)
         self.sock = sock
@@ -61,8 +63,15 @@ class FrameSocket:
             await self._sendall(b"".join(pending))
 
     async def _sendall(self, data: Any) -> None:
-        await self._loop.sock_sendall(self.sock, data)
-        self.bytes_sent += memoryview(data).nbytes
+        view = memoryview(data).cast("B")
+        if self.pacer is None:
+            await self._loop.sock_sendall(self.sock, view)
+        else:  # a modelled slow link: in paced pieces
+            for start in range(0, view.nbytes, CHUNK_BYTES):
+                piece = view[start : start + CHUNK_BYTES]
+                await self.pacer.pace(piece.nbytes)
+                await self._loop.sock_sendall(self.sock, piece)
+        self.bytes_sent += view.nbytes
 
     # ---------------------------------------------------------------- receive
 

@@ -8,12 +8,14 @@ The newest ``keep_versions`` versions stay fetchable.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Mapping
 from typing import Any
 
 from rose_core.auth import MIN_SECRET_BYTES
 from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import WeightAnnounce
+from rose_transfer.link_pacer import LinkPacer
 from rose_transfer.loop_thread import LoopThread
 from rose_transfer.manifest import DEFAULT_BUCKET_BYTES, flatten
 from rose_transfer.tcp_address import advertised_host, bind_listener, format_source
@@ -35,6 +37,7 @@ class DensePublisher:
         keep_versions: int = 2,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         publisher_id: str = "",
+        sparse: bool = False,
     ) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
@@ -45,19 +48,25 @@ class DensePublisher:
         self._listener = bind_listener(host, port)
         self.port = int(self._listener.getsockname()[1])
         self.source = format_source(advertised_host(host), self.port)
-        self._server = TransferServer(secret, self._store, publisher_id or f"weights@{self.source}")
+        self._host = host
+        self._server = TransferServer(secret, self._store, publisher_id or f"weights@{self.source}", sparse=sparse)
         self._thread = LoopThread("rose-weight-publisher")
         self._serving = self._thread.submit(self._server.serve(self._listener))
+        self._links: list[socket.socket] = []
+        self._ucx_listeners: list[Any] = []
         self._closed = False
         log.info("serving weight versions at %s", self.source)
 
-    def publish(self, version: int, step: int, tensors: Mapping[str, Any]) -> WeightAnnounce:
-        """Make ``version`` fetchable (whole) and return the announcement executors act on."""
+    def publish(
+        self, version: int, step: int, tensors: Mapping[str, Any], *, shards: Mapping[str, str] | None = None
+    ) -> WeightAnnounce:
+        """Make ``version`` fetchable (whole) and return the announcement executors act on. ``shards``:
+        the shard spec text of sharded tensors (the rest are replicated), for shard-aware receivers."""
         if self._closed:
             raise RoseError("this weight publisher is closed: create a new one to publish")
         if version < 0:
             raise RoseError(f"weight versions are non-negative, got {version}")
-        flat = flatten(tensors, version=version, bucket_bytes=self.bucket_bytes)
+        flat = flatten(tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards)
         self._store.add(flat)
         manifest = flat.manifest
         log.info(
@@ -70,6 +79,30 @@ class DensePublisher:
             manifest_digest=manifest.digest,
             total_bytes=manifest.total_bytes,
         )
+
+    def open_link(self, pacer: LinkPacer, port: int = 0) -> str:
+        """Serve the same versions on another port whose sends all pass through ``pacer`` (one slow link,
+        e.g. into one destination cluster); returns that port's source address."""
+        listener = bind_listener(self._host, port)
+        self._links.append(listener)
+        self._thread.submit(self._server.serve(listener, pacer))
+        return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
+
+    def open_ucx(self, pacer: LinkPacer | None = None) -> str:
+        """Serve the same versions over UCX too (needs the ``[ucx]`` extra); returns its ``ucx://`` source."""
+        from rose_transfer.ucx_transport import ucx_listen
+
+        async def start() -> str:
+            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), 0, pacer)
+            self._ucx_listeners.append(listener)
+            return source
+
+        return self._thread.submit(start()).result()
+
+    def stream(self, version: int) -> Any:
+        """The flat bytes (uint8) of a version still served, or None."""
+        served = self._store.get(version)
+        return None if served is None else served.flat.stream
 
     def versions(self) -> list[int]:
         """The versions currently fetchable, oldest first."""
@@ -84,8 +117,12 @@ class DensePublisher:
         if self._closed:
             return
         self._closed = True
+        for ucx in self._ucx_listeners:
+            self._thread.loop.call_soon_threadsafe(ucx.close)
         self._thread.stop()
         self._listener.close()
+        for listener in self._links:
+            listener.close()
         self._server.close()
 
     def __enter__(self) -> DensePublisher:

@@ -13,6 +13,8 @@ import socket
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from rose_core.auth import Signer
 from rose_core.errors import ProtocolError
 from rose_core.messages import (
@@ -29,6 +31,7 @@ from rose_transfer import __version__
 from rose_transfer.bucket_checker import BucketChecker
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch_progress import FetchProgress
+from rose_transfer.frame_connection import FrameConnection
 from rose_transfer.frame_socket import FrameSocket
 from rose_transfer.metrics import BUCKET_RETRIES
 
@@ -36,7 +39,7 @@ REPLY_OVERHEAD = 1024 * 1024
 
 
 class TransferClient:
-    def __init__(self, conn: FrameSocket, framer: Framer, source: str, io_timeout: float) -> None:
+    def __init__(self, conn: FrameConnection, framer: Framer, source: str, io_timeout: float) -> None:
         self._conn = conn
         self._framer = framer
         self.source = source
@@ -46,6 +49,17 @@ class TransferClient:
     async def connect(
         cls, host: str, port: int, *, secret: bytes, receiver_id: str, source: str, timeout: float
     ) -> TransferClient:
+        if source.startswith("ucx://"):
+            from rose_transfer.ucx_transport import ucx_connect
+
+            conn = await ucx_connect(source, timeout)
+            try:
+                client = cls(conn, Framer(Signer(secret), TransferReply), source, timeout)
+                await client._handshake(receiver_id)
+            except BaseException:
+                conn.close()
+                raise
+            return client
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, kind, proto, _, address = infos[0]
@@ -93,51 +107,65 @@ class TransferClient:
             raise TransferError(f"{self.source} answered a manifest request with {type(reply).__name__}")
         return reply
 
-    async def pull(self, progress: FetchProgress, checker: BucketChecker, window: int, receiver_id: str) -> None:
-        """Pull every bucket ``progress`` misses; returns when all are verified."""
+    async def pull(
+        self, progress: FetchProgress, checker: BucketChecker, buffers: list[np.ndarray], receiver_id: str
+    ) -> None:
+        """Pull every bucket ``progress`` misses, keeping at most ``len(buffers)`` in flight (each lands
+        in a free buffer, is verified on a worker thread and written to the file); returns when all are."""
         manifest, file = progress.manifest, progress.file
         if manifest is None or file is None:
             raise RuntimeError("pull needs the manifest and the destination file first")
         loop = asyncio.get_running_loop()
         limit = manifest.bucket_bytes + REPLY_OVERHEAD
         pending = deque(progress.missing())
+        free = deque(buffers)
         requested: deque[int] = deque()
-        checks: dict[asyncio.Future[None], int] = {}
+        checks: dict[asyncio.Future[None], tuple[int, np.ndarray]] = {}
         try:
             while pending or requested or checks:
-                while pending and len(requested) + len(checks) < window:
+                while pending and len(requested) < len(free):
                     index = pending.popleft()
                     request = FetchBucket(
                         version=progress.version,
                         index=index,
-                        have_version=progress.have_version,
+                        have_version=progress.bucket_base(index),
                         receiver_id=receiver_id,
                     )
                     await self._conn.send(self._framer.seal(request))
                     requested.append(index)
                 if requested:
                     info = manifest.buckets[requested.popleft()]
-                    region = file.view[info.offset : info.offset + info.nbytes]
+                    buffer = free.popleft()
+                    region = buffer.data[: info.nbytes]
                     frames = await self._conn.recv(limit, bulk_into=region, idle_timeout=self._timeout)
-                    future = loop.run_in_executor(checker.pool, checker.check, frames, progress.version, info, region)
-                    checks[future] = info.index
+                    base = progress.base if progress.bucket_base(info.index) >= 0 else None
+                    future = loop.run_in_executor(
+                        checker.pool, checker.check, frames, progress.version, info, buffer[: info.nbytes], base, file
+                    )
+                    checks[future] = (info.index, buffer)
                     del frames, region
-                await _harvest(progress, checks, pending, block=not requested)
+                await _harvest(progress, checks, pending, free, block=not requested)
         finally:
             if checks:
                 await asyncio.wait(checks)
-                await _harvest(progress, checks, pending, block=False)
+                await _harvest(progress, checks, pending, free, block=False)
 
 
 async def _harvest(
-    progress: FetchProgress, checks: dict[asyncio.Future[None], int], pending: deque[int], *, block: bool
+    progress: FetchProgress,
+    checks: dict[asyncio.Future[None], tuple[int, np.ndarray]],
+    pending: deque[int],
+    free: deque[np.ndarray],
+    *,
+    block: bool,
 ) -> None:
     """Record finished checks: verified buckets are done, corrupt ones go back to ``pending``."""
     if block and checks:
         await asyncio.wait(checks, return_when=asyncio.FIRST_COMPLETED)
     error: BaseException | None = None
     for future in [f for f in checks if f.done()]:
-        index = checks.pop(future)
+        index, buffer = checks.pop(future)
+        free.append(buffer)
         exc = future.exception()
         if exc is None:
             progress.done.add(index)

@@ -6,6 +6,10 @@ A reader task reads requests ahead while a writer task sends replies (signed on 
 per version), so a receiver that keeps several requests in flight is never idle on a round trip. A
 rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
+
+A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
+against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base) on a worker thread), and
+anything else dense. Each listener may have a ``LinkPacer`` (a modelled slow link) for its sends.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -31,7 +36,10 @@ from rose_core.messages import (
 )
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
+from rose_transfer.bucket_patch import patch_reply, same_buckets
+from rose_transfer.frame_connection import FrameConnection
 from rose_transfer.frame_socket import FrameSocket
+from rose_transfer.link_pacer import LinkPacer
 from rose_transfer.metrics import SENT_BYTES
 from rose_transfer.sealer import Sealer
 from rose_transfer.version_store import ServedVersion, VersionStore
@@ -51,6 +59,7 @@ class TransferServer:
         handshake_timeout: float = 10.0,
         idle_timeout: float = 600.0,
         read_ahead: int = 8,
+        sparse: bool = False,
     ) -> None:
         self._secret = secret
         self._store = store
@@ -58,6 +67,7 @@ class TransferServer:
         self._handshake_timeout = handshake_timeout
         self._idle_timeout = idle_timeout
         self._read_ahead = read_ahead
+        self.sparse = sparse
         self._sealer = Sealer(secret)
         self.rejected = 0
         self.connections = 0
@@ -67,7 +77,8 @@ class TransferServer:
 
     # ---------------------------------------------------------------- accept
 
-    async def serve(self, listener: socket.socket) -> None:
+    async def serve(self, listener: socket.socket, pacer: LinkPacer | None = None) -> None:
+        """Accept and serve connections on ``listener``; their sends go through ``pacer`` if given."""
         listener.setblocking(False)
         loop = asyncio.get_running_loop()
         handlers: set[asyncio.Task[None]] = set()
@@ -80,7 +91,7 @@ class TransferServer:
                     await asyncio.sleep(0.1)
                     continue
                 self.connections += 1
-                task = asyncio.create_task(self._handle(sock, _peer_name(address)))
+                task = asyncio.create_task(self._handle(sock, _peer_name(address), pacer))
                 handlers.add(task)
                 task.add_done_callback(handlers.discard)
         finally:
@@ -88,8 +99,11 @@ class TransferServer:
                 task.cancel()
             await asyncio.gather(*handlers, return_exceptions=True)
 
-    async def _handle(self, sock: socket.socket, peer: str) -> None:
-        conn = FrameSocket(sock)
+    async def _handle(self, sock: socket.socket, peer: str, pacer: LinkPacer | None = None) -> None:
+        await self.handle_connection(FrameSocket(sock, pacer=pacer), peer)
+
+    async def handle_connection(self, conn: FrameConnection, peer: str) -> None:
+        """Serve one accepted connection (a ``FrameSocket`` or a ``UcxFrameSocket``) until it ends."""
         framer = Framer(Signer(self._secret), TransferRequest, MAX_REQUEST_BYTES)
         try:
             if await self._handshake(conn, framer, peer):
@@ -101,7 +115,7 @@ class TransferServer:
         finally:
             conn.close()
 
-    async def _handshake(self, conn: FrameSocket, framer: Framer, peer: str) -> bool:
+    async def _handshake(self, conn: FrameConnection, framer: Framer, peer: str) -> bool:
         frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._handshake_timeout)
         hello = framer.open(frames)
         if not isinstance(hello, Hello):
@@ -114,7 +128,7 @@ class TransferServer:
         await conn.send(self._sealer.seal(Welcome(controller_id=self.server_id)))
         return True
 
-    async def _reject(self, conn: FrameSocket, framer: Framer, peer: str, exc: ProtocolError) -> None:
+    async def _reject(self, conn: FrameConnection, framer: Framer, peer: str, exc: ProtocolError) -> None:
         self.rejected += 1
         REJECTED_MESSAGES.labels(exc.reason).inc()
         if self.rejected <= 20 or self.rejected % 1000 == 0:
@@ -125,7 +139,7 @@ class TransferServer:
 
     # ---------------------------------------------------------------- requests
 
-    async def _serve(self, conn: FrameSocket, framer: Framer) -> None:
+    async def _serve(self, conn: FrameConnection, framer: Framer) -> None:
         replies: asyncio.Queue[asyncio.Future[list[Any]]] = asyncio.Queue(self._read_ahead)
         tasks = {
             asyncio.create_task(self._read_requests(conn, framer, replies)),
@@ -141,7 +155,7 @@ class TransferServer:
             task.result()
 
     async def _read_requests(
-        self, conn: FrameSocket, framer: Framer, replies: asyncio.Queue[asyncio.Future[list[Any]]]
+        self, conn: FrameConnection, framer: Framer, replies: asyncio.Queue[asyncio.Future[list[Any]]]
     ) -> None:
         while True:
             frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._idle_timeout)
@@ -151,7 +165,7 @@ class TransferServer:
                 continue
             await replies.put(self._reply(request))
 
-    async def _write_replies(self, conn: FrameSocket, replies: asyncio.Queue[asyncio.Future[list[Any]]]) -> None:
+    async def _write_replies(self, conn: FrameConnection, replies: asyncio.Queue[asyncio.Future[list[Any]]]) -> None:
         while True:
             frames = await asyncio.shield(await replies.get())  # shared with other connections
             await conn.send(frames)
@@ -164,9 +178,13 @@ class TransferServer:
         if served is None:
             return self._now(self._unknown_version(request.version))
         if isinstance(request, FetchManifest):
-            return self._cached(served, "manifest", served.flat.manifest)
+            return self._cached(served, "manifest", lambda: served.flat.manifest)
         if isinstance(request, FetchBucket) and 0 <= request.index < len(served.flat.manifest.buckets):
-            return self._cached(served, request.index, self._bucket_data(served, request.index))
+            base = self._base(served, request.have_version)
+            if base is not None:
+                key = (request.index, base.version)
+                return self._cached(served, key, lambda: patch_reply(base.flat, served.flat, request.index))
+            return self._cached(served, request.index, lambda: self._bucket_data(served, request.index))
         message = f"version {request.version} has no bucket {request.index}: the receiver's manifest is stale"
         return self._now(ErrorReport(code="bad_request", message=message))
 
@@ -175,11 +193,19 @@ class TransferServer:
         future.set_result(self._sealer.seal(msg))
         return future
 
-    def _cached(self, served: ServedVersion, key: Any, msg: msgspec.Struct) -> asyncio.Future[list[Any]]:
+    def _base(self, served: ServedVersion, have_version: int) -> ServedVersion | None:
+        """The version to patch against: the receiver's, when this server is sparse and still holds it."""
+        if not self.sparse or have_version < 0 or have_version == served.version:
+            return None
+        base = self._store.get(have_version)
+        return base if base is not None and same_buckets(base.flat, served.flat) else None
+
+    def _cached(self, served: ServedVersion, key: Any, make: Callable[[], msgspec.Struct]) -> asyncio.Future[list[Any]]:
+        """Sealed frames of ``make()`` (built and signed on a worker thread once per version and key)."""
         future = served.sealed.get(key)
         if future is None or _failed(future):
             loop = asyncio.get_running_loop()
-            future = served.sealed[key] = loop.run_in_executor(self._sealer.pool, self._sealer.seal, msg)
+            future = served.sealed[key] = loop.run_in_executor(self._sealer.pool, lambda: self._sealer.seal(make()))
         return future
 
     @staticmethod
