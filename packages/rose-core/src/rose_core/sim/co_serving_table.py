@@ -57,7 +57,8 @@ class CoServingTable:
         self.serving_bytes = np.array([lv.serving_bytes for lv in self.levels])
 
     def bins(self, multipliers: np.ndarray) -> np.ndarray:
-        return np.clip(np.digitize(multipliers, self.edges) - 1, 0, BINS - 1)
+        out: np.ndarray = np.clip(np.digitize(multipliers, self.edges) - 1, 0, BINS - 1)
+        return out
 
     def _level(self, rate: float) -> LoadLevel:
         sv = self.scenario.serving
