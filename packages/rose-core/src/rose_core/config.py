@@ -154,7 +154,8 @@ class RunConfig(_Section):
     rl: RLConfig = msgspec.field(default_factory=RLConfig)
     load: LoadConfig = msgspec.field(default_factory=LoadConfig)
     executors: ExecutorsConfig = msgspec.field(default_factory=ExecutorsConfig)
-    weight_publisher: str = "dense"
+    weight_publisher: str = "sparse"
+    """Weight data plane from the `rose.weight_publishers` entry points: `sparse` (patches against the receiver's version) or `dense`."""
     models_dir: str = ".rose/models"
     run_dir: str = ".rose/run"
 
