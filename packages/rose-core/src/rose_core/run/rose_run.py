@@ -116,32 +116,35 @@ class Launch:
         return self.controller, self.publisher
 
     def _await_executors(self) -> None:
-        assert self.controller is not None
         ex = self.config.executors
         wanted = ex.dedicated + ex.serving
-        self.say(f"waiting for {wanted} executors: rose-executor --controller {self.controller.address} ...")
-        self.controller.wait_for_executors(wanted, ex.start_timeout_s)
+        self.say(f"waiting for {wanted} executors: rose-executor --controller {self._control().address} ...")
+        self._control().wait_for_executors(wanted, ex.start_timeout_s)
+
+    def _control(self) -> Controller:
+        if self.controller is None:
+            raise RuntimeError("the controller is not started yet")
+        return self.controller
 
     def _start_executors(self, policy: Path, serving: Path) -> None:
-        assert self.controller is not None
+        controller = self._control()
         ex = self.config.executors
         roles = [("dedicated", i) for i in range(ex.dedicated)] + [("serving", i) for i in range(ex.serving)]
         for role, i in roles:
             path = self.run_dir / f"executor-{role}-{i}.toml"
             path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
-            argv = [sys.executable, "-m", "rose_executor", "--controller", self.controller.address, "--role", role,
+            argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,
                     "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
                     "--metrics-port", "0"]
             self.children.start(f"executor-{role}-{i}", argv)
         self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
         t0 = time.monotonic()
-        self.controller.wait_for_executors(len(roles), ex.start_timeout_s, alive=self.children.check_alive)
+        controller.wait_for_executors(len(roles), ex.start_timeout_s, alive=self.children.check_alive)
         self.say(f"executors ready in {time.monotonic() - t0:.0f}s: " + ", ".join(
-            f"{r.executor_id} ({r.role})" for r in self.controller.executors.values()))
+            f"{r.executor_id} ({r.role})" for r in controller.executors.values()))
 
     def start_load(self) -> LoadGenerator | None:
-        assert self.controller is not None
-        endpoints = [r.info.serving_endpoint for r in self.controller.executors.values() if r.info.serving_endpoint]
+        endpoints = [r.info.serving_endpoint for r in self._control().executors.values() if r.info.serving_endpoint]
         if not self.config.load.enabled or not endpoints:
             return None
         self.load = LoadGenerator(endpoints[0], self.config.load)

@@ -1,0 +1,56 @@
+"""The `rose` CLI's own failure paths and reports (no engines needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from rose_core.cli import main
+from rose_core.config import RunConfig
+
+
+def rose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rose_core", *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_config_show_prints_every_default_as_toml() -> None:
+    out = rose("config", "show")
+    assert out.returncode == 0
+    assert msgspec.toml.decode(out.stdout, type=RunConfig) == RunConfig()
+
+
+def test_config_show_json() -> None:
+    out = rose("config", "show", "--json")
+    assert msgspec.json.decode(out.stdout, type=RunConfig) == RunConfig()
+
+
+def test_bad_config_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rl]\nsteps = 'many'\n")
+    out = rose("run", "--config", str(bad))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "field `rl.steps`" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("missing", "install"),
+    [("torch", "rose-core[train]"), ("rose_transfer", "rose-transfer"), ("rose_executor", "rose-executor[cpu]"),
+     ("vllm", "rose-executor[cpu]")],
+)
+def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, missing: str, install: str) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == missing else (real(name) or object())
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    result = CliRunner().invoke(main, ["run", "--steps", "1"])
+    assert result.exit_code == 2
+    assert f"pip install {install}" in result.output and "Traceback" not in result.output
