@@ -37,6 +37,7 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_core.metrics import free_port
+from rose_executor.co_serving import footprint
 from rose_transfer import DensePublisher
 
 from .conftest import SECRET
@@ -55,6 +56,19 @@ class Executor:
     stage_dir: Path
 
 
+LONG = SamplingParams(max_tokens=900, temperature=0.0)
+ROLLOUT_SEQ_BYTES = (len(PROMPT) + LONG.max_tokens) * 512  # the policy's KV bytes per token
+
+
+def memory_settings(policy: Path, serving: Path) -> dict[str, object]:
+    """A device share whose rollout budget holds 2.5 long rollout turns (one after the 2x cut), and a high
+    watermark so low (5% of the 20% headroom, ~58 KB here) that a serving request reserving 300 tokens (2 KiB of
+    KV each) crosses it while the short ones of the other tests (7 tokens) do not."""
+    weights = footprint(str(serving), "bfloat16").weight_bytes + footprint(str(policy), "bfloat16").weight_bytes
+    device = int((2.5 * ROLLOUT_SEQ_BYTES + weights) / 0.8)
+    return {"device_memory_bytes": device, "memory_high_watermark": 0.05}
+
+
 def write_config(path: Path, policy: Path, serving: Path, port: int, **extra: object) -> Path:
     lines = [
         f'policy_model_dir = "{policy}"',
@@ -69,6 +83,7 @@ def write_config(path: Path, policy: Path, serving: Path, port: int, **extra: ob
         "slo_tpot_ms = 0.001",
         "latency_window_s = 2.0",
         f'weight_stage_dir = "{path.parent / "stage"}"',
+        f'profile_cache_dir = "{path.parent / "profiles"}"',
         *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
     ]
     path.write_text("\n".join(lines) + "\n")
@@ -95,7 +110,8 @@ def executor(
     tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, serving_dir: Path, secret_file: Path
 ) -> Iterator[Executor]:
     root = tmp_path_factory.mktemp("executor")
-    config = write_config(root / "executor.toml", policy_dir, serving_dir, free_port())
+    memory = memory_settings(policy_dir, serving_dir)
+    config = write_config(root / "executor.toml", policy_dir, serving_dir, free_port(), **memory)
     controller = ControllerPeer(SECRET)
     command = executor_command(controller.address, "serving", config, secret_file, "--executor-id", "ex-1")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr, env=os.environ.copy())
@@ -219,6 +235,41 @@ def test_cancel_turn_gets_no_reply(executor: Executor) -> None:
     peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 0)
 
 
+def test_prefix_hits_are_reported(executor: Executor) -> None:
+    peer = executor.controller
+    prompt = np.arange(300, dtype=np.int32) % 150 + 3  # 300 tokens: the full KV blocks can be reused
+    peer.send(turn("p1", prompt=prompt))
+    first = peer.expect(TurnResult, where=lambda r: r.turn_id == "p1")
+    peer.send(turn("p2", prompt=prompt))
+    second = peer.expect(TurnResult, where=lambda r: r.turn_id == "p2")
+    assert first.prefix_hit_tokens == 0 and 0 < second.prefix_hit_tokens < len(prompt)
+    print(f"\nprefix hit: {second.prefix_hit_tokens} of {len(prompt)} prompt tokens on the second turn")
+
+
+def test_memory_cut_aborts_and_freezes_until_the_next_step(executor: Executor) -> None:
+    """Serving traffic crosses the high watermark: one 2x cut, the youngest rollout turn that no longer fits
+    is given back as ``memory``, the budget stays frozen (new long turns refused) until StepStarted."""
+    peer = executor.controller
+    for name in ("m1", "m2"):
+        peer.send(turn(name, sampling=LONG))
+    peer.expect(
+        Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 2 and not h.load.rollout_budget_frozen
+    )
+    client = openai.OpenAI(base_url=executor.register.serving_endpoint, api_key="unused", max_retries=0)
+    client.completions.create(model="prod", prompt=[4, 5, 6], max_tokens=300, temperature=0.0)
+    aborted = peer.expect(TurnAborted, timeout=10, where=lambda a: a.turn_id in ("m1", "m2"))
+    assert aborted.reason == "memory"
+    survivor = "m2" if aborted.turn_id == "m1" else "m1"
+    assert peer.expect(Heartbeat, timeout=5).load.rollout_budget_frozen
+    peer.send(turn("m3", sampling=LONG))  # one long turn already holds the whole cut budget
+    assert peer.expect(TurnAborted, where=lambda a: a.turn_id == "m3").reason == "memory"
+    peer.expect(TurnResult, where=lambda r: r.turn_id == survivor)
+    peer.send(StepStarted(step=1, weight_version=0))
+    peer.expect(Heartbeat, timeout=5, where=lambda h: not h.load.rollout_budget_frozen)
+    peer.send(turn("m4", sampling=LONG))
+    peer.expect(TurnResult, where=lambda r: r.turn_id == "m4")
+
+
 def test_weight_update_through_rose_transfer(executor: Executor, policy_dir: Path) -> None:
     peer = executor.controller
     peer.send(turn("w0"))
@@ -271,6 +322,14 @@ def test_prometheus_metrics(executor: Executor) -> None:
     assert samples["rose_executor_serving_ttft_seconds_count"] >= 2
     assert samples["rose_executor_serving_tpot_seconds_count"] >= 2
     assert samples["rose_executor_serving_slo_violations_total"] >= 2
+    assert 0 <= samples["rose_executor_serving_slo_attainment_ratio"] < 1
+    assert samples['rose_executor_rollout_turns_total{outcome="memory"}'] >= 2
+    assert samples["rose_executor_rollout_budget_cuts_total"] == 1
+    assert samples["rose_executor_rollout_budget_frozen"] == 0
+    assert samples["rose_executor_rollout_budget_bytes"] >= 2 * ROLLOUT_SEQ_BYTES
+    assert samples["rose_executor_rollout_prefix_hit_tokens_total"] > 0
+    assert 0 < samples["rose_executor_rollout_prefix_hit_ratio"] < 1
+    assert samples["rose_executor_guard_holds_total"] >= 1  # serving traffic under a 1 us SLO held the rollout
 
 
 def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:

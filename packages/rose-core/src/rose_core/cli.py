@@ -89,7 +89,11 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
             printed_header[0] = True
         click.echo(table[2] if len(table) > 2 else "  ".join(step_row(step)))
 
-    report = run_job(config, say, progress=progress, on_step=on_step, spawn=spawn, secret_file=secret_file)
+    try:
+        report = run_job(config, say, progress=progress, on_step=on_step, spawn=spawn, secret_file=secret_file)
+    except KeyboardInterrupt:
+        click.echo("rose: interrupted", err=True)
+        sys.exit(130)
     data = report.to_dict()
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

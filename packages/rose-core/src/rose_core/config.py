@@ -174,11 +174,15 @@ def load_toml(path: str | os.PathLike[str], type_: type[T]) -> T:
     return parse_config(data, type_, str(path))
 
 
-def parse_config(data: bytes | str, type_: type[T], source: str = "config") -> T:
+def parse_config(
+    data: bytes | str, type_: type[T], source: str = "config", hint: str = "`rose config show` lists every field"
+) -> T:
+    """Decode TOML into ``type_``; any problem is a one-line ``ConfigError`` naming the field (and ``hint``)."""
     try:
         return msgspec.toml.decode(data, type=type_)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_humanize(str(exc))}; `rose config show` lists every field") from exc
+        suffix = f"; {hint}" if hint else ""
+        raise ConfigError(f"{source}: {_humanize(str(exc))}{suffix}") from exc
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
 

@@ -37,8 +37,10 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_executor import __version__
+from rose_executor.co_serving import CoServing, memory_budget
 from rose_executor.config import ExecutorConfig
 from rose_executor.controller_link import ControllerLink
+from rose_executor.latency_profile import load_or_profile
 from rose_executor.model_info import describe_model
 from rose_executor.orphan_guard import OrphanGuard
 from rose_executor.rollout_runner import RolloutRunner
@@ -80,6 +82,7 @@ class ExecutorAgent:
         self._serving: VllmEngine | None = None
         self._engines: list[VllmEngine] = []
         self._monitor: ServingMonitor | None = None
+        self._co_serving: CoServing | None = None
         self._server: OpenAIServer | None = None
         self._runner: RolloutRunner | None = None
         self._updater: WeightUpdater | None = None
@@ -144,14 +147,22 @@ class ExecutorAgent:
         if self.options.role == "serving":
             self._server = OpenAIServer(cfg.serving_host, cfg.serving_port)
             self._server.reserve()
-            self._monitor = ServingMonitor(
-                cfg.slo_ttft_ms / 1000, cfg.slo_tpot_ms / 1000, cfg.headroom_fraction, cfg.latency_window_s
-            )
-            self._serving = await self._start_engine(engine_module, cfg.serving_model_dir, "serving", self._monitor)
-            await self._server.start(self._serving, cfg.serving_model_name)
+            self._serving = await self._start_engine(engine_module, cfg.serving_model_dir, "serving", None)
         rollout = await self._start_engine(engine_module, cfg.policy_model_dir, "rollout", None)
+        memory = memory_budget(cfg) if self._serving is not None else None
         send = self._send
-        self._runner = RolloutRunner(rollout, self.executor_id, cfg.rollout_capacity, send, weight_version=0)
+        self._runner = RolloutRunner(
+            rollout,
+            self.executor_id,
+            cfg.rollout_capacity,
+            send,
+            weight_version=0,
+            guarded=self._serving is not None,
+            memory=memory,
+        )
+        if self._serving is not None and self._server is not None:
+            await self._start_guard(self._serving, rollout, self._runner)
+            await self._server.start(self._serving, cfg.serving_model_name)
         self._updater = WeightUpdater(
             self._runner,
             rollout,
@@ -161,6 +172,20 @@ class ExecutorAgent:
             send=send,
             fetch_timeout_s=cfg.weight_fetch_timeout_s,
         )
+
+    async def _start_guard(self, serving: VllmEngine, rollout: VllmEngine, runner: RolloutRunner) -> None:
+        """Profile both engines (or load the cached profiles), then let the monitor see serving traffic."""
+        cfg = self.config
+        cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
+        profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
+        self._co_serving = CoServing.build(cfg, profiles, (serving, rollout), runner)
+        admission = self._co_serving.guard.admission.config
+        self._monitor = ServingMonitor(
+            admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction, cfg.latency_window_s
+        )
+        if cfg.p99_feedback:
+            self._co_serving.guard.set_feedback(self._monitor.has_headroom)
+        serving.attach_observer(self._monitor)
 
     async def _start_engine(self, module: Any, model_dir: str, purpose: str, observer: Any) -> VllmEngine:
         cfg = self.config
@@ -212,8 +237,8 @@ class ExecutorAgent:
 
     async def _serve(self, link: ControllerLink) -> None:
         loops = [self._heartbeat_loop(link), self._dispatch_loop(link)]
-        if self._monitor is not None:
-            loops.append(self._headroom_loop(self._monitor))
+        if self._co_serving is not None:
+            loops.append(self._co_serving.run(self._updating))
         tasks = [asyncio.create_task(coro) for coro in loops]
         stop = asyncio.create_task(self._stop.wait())
         try:
@@ -237,12 +262,8 @@ class ExecutorAgent:
             seq += 1
             await asyncio.sleep(self._heartbeat_s)
 
-    async def _headroom_loop(self, monitor: ServingMonitor) -> None:
-        """Hold new rollout sequences while serving lacks SLO headroom."""
-        while True:
-            if self._runner is not None:
-                self._runner.set_headroom(monitor.has_headroom())
-            await asyncio.sleep(self.config.guard_interval_s)
+    def _updating(self) -> bool:
+        return self._updater is not None and self._updater.updating
 
     async def _dispatch_loop(self, link: ControllerLink) -> None:
         while True:
@@ -261,7 +282,8 @@ class ExecutorAgent:
         elif isinstance(msg, WeightAnnounce):
             updater.announce(msg)
         elif isinstance(msg, StepStarted):
-            runner.budget_frozen = False
+            if self._co_serving is not None:
+                self._co_serving.on_step(msg.step)
         elif isinstance(msg, Shutdown):
             self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
         elif isinstance(msg, ErrorReport):
@@ -288,7 +310,7 @@ class ExecutorAgent:
             report.serving_requests_in_flight = self._serving.num_unfinished_requests()
             report.serving_requests_total = self._monitor.requests_total
             report.serving_slo_violations_total = self._monitor.violations_total
-            report.slo_headroom = self._monitor.has_headroom()
+            report.slo_headroom = self._co_serving.headroom if self._co_serving else self._monitor.has_headroom()
         return report
 
     def _state(self) -> str:

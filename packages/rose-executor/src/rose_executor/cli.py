@@ -16,6 +16,16 @@ from rose_core.metrics import serve_metrics
 from rose_executor.config import load_executor_config
 
 
+def main() -> None:
+    """``rose-executor bench ...`` runs the co-serving benchmark; anything else runs the agent."""
+    if sys.argv[1:2] == ["bench"]:
+        from rose_executor.bench_cli import bench
+
+        bench(args=sys.argv[2:], prog_name="rose-executor bench")
+    else:
+        agent(prog_name="rose-executor")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--controller", required=True, metavar="tcp://HOST:PORT", help="The controller's control address.")
 @click.option("--role", type=click.Choice(["dedicated", "serving"]), required=True, help="What this host does.")
@@ -37,7 +47,7 @@ from rose_executor.config import load_executor_config
 @click.option(
     "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 )
-def main(
+def agent(
     controller: str,
     role: str,
     config_path: str,
@@ -46,7 +56,9 @@ def main(
     metrics_port: int,
     log_level: str,
 ) -> None:
-    """Run the ROSE executor on this host until the controller or a signal stops it."""
+    """Run the ROSE executor on this host until the controller or a signal stops it.
+
+    `rose-executor bench --help`: the co-serving benchmark."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet = "WARNING" if log_level == "INFO" else log_level
     os.environ.setdefault("VLLM_LOGGING_LEVEL", quiet)

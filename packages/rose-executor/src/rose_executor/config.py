@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 
+from rose_core.config import parse_config
 from rose_core.errors import ConfigError
 from rose_core.messages import Role
 
@@ -40,6 +41,23 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Serving lends capacity only while its TTFT and TPOT p99 stay below this fraction of the SLO."""
     latency_window_s: float = 10.0
     guard_interval_s: float = 0.05
+    """The SLO guard's control tick: admission of rollout work and pause/resume of the rollout engine."""
+    slo_from_profile: float = 0.0
+    """> 0: SLO budgets = this multiple of the profiled serving-alone TTFT/TPOT (replaces slo_*_ms); 0: off."""
+    admission_margin_ms: float = 0.0
+    """Every serving slack must stay above this after admitting rollout work (guards latency-model error)."""
+    prefill_chunk_tokens: int = 512
+    """Rollout prefill tokens admitted per engine step."""
+    p99_feedback: bool = True
+    """Also hold new rollout sequences while the recent serving p99 exceeds headroom_fraction x SLO."""
+    profile_cache_dir: str = ""
+    """Where start-up latency profiles are cached per model and device; default ~/.cache/rose/profiles."""
+    device_memory_bytes: int = 0
+    """This executor's share of device memory for serving + rollout (serving role); 0: no memory budget."""
+    memory_headroom_fraction: float = 0.2
+    """Device memory reserved for serving growth above its usage at the last RL step."""
+    memory_high_watermark: float = 0.5
+    """Fraction of that headroom serving may use before the emergency cut of the rollout budget."""
     weight_stage_dir: str = ""
     """Where fetched weight versions are staged; default /dev/shm/rose-<executor id>."""
     weight_fetch_timeout_s: float = 300.0
@@ -58,6 +76,7 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             guard_interval_s=self.guard_interval_s,
             weight_fetch_timeout_s=self.weight_fetch_timeout_s,
         )
+        _check_guard(self)
         if not 0 < self.headroom_fraction <= 1:
             raise ValueError(f"`headroom_fraction` must be in (0, 1] (got {self.headroom_fraction})")
         if not 0 <= self.serving_port < 65536:
@@ -84,18 +103,18 @@ def load_executor_config(path: str | os.PathLike[str]) -> ExecutorConfig:
 
 
 def parse_executor_config(data: bytes | str, source: str = "executor config") -> ExecutorConfig:
-    try:
-        return msgspec.toml.decode(data, type=ExecutorConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_humanize(str(exc))}") from exc
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    return parse_config(data, ExecutorConfig, source, hint="")
 
 
-def _humanize(message: str) -> str:
-    text, _, where = message.partition(" - at `$")
-    field = where.rstrip("`").lstrip(".")
-    return f"field `{field}`: {text}" if field else text
+def _check_guard(cfg: ExecutorConfig) -> None:
+    if cfg.slo_from_profile < 0 or cfg.admission_margin_ms < 0 or cfg.device_memory_bytes < 0:
+        raise ValueError("`slo_from_profile`, `admission_margin_ms` and `device_memory_bytes` must be >= 0")
+    if cfg.prefill_chunk_tokens < 1:
+        raise ValueError(f"`prefill_chunk_tokens` must be >= 1 (got {cfg.prefill_chunk_tokens})")
+    if not 0 < cfg.memory_headroom_fraction < 1:
+        raise ValueError(f"`memory_headroom_fraction` must be in (0, 1) (got {cfg.memory_headroom_fraction})")
+    if not 0 < cfg.memory_high_watermark <= 1:
+        raise ValueError(f"`memory_high_watermark` must be in (0, 1] (got {cfg.memory_high_watermark})")
 
 
 def _positive(**values: float) -> None:

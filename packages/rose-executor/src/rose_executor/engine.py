@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from rose_core.errors import MissingExtraError, RoseError
 from rose_core.messages import SamplingParams, TensorEntry
+from rose_executor.live_request import LiveRequest
 from rose_executor.serving_monitor import EngineStatsObserver
 
 try:
@@ -123,10 +124,11 @@ class VllmEngine:
     async def start(cls, spec: EngineSpec, observer: EngineStatsObserver | None = None) -> VllmEngine:
         """Start the engine without blocking the event loop (its core starts in a thread), then warm it up.
 
-        The observer sees vLLM's stats from after the warm-up request on.
+        The observer sees vLLM's stats from after the warm-up request on (or from ``attach_observer``). The
+        serving engine always gets the stat relay, so per-request timestamps (``live_requests``) are kept.
         """
         args = _engine_args(spec)
-        relay = _StatsRelay() if observer is not None else None
+        relay = _StatsRelay() if observer is not None or spec.purpose == "serving" else None
         loggers: list[StatLoggerFactory] | None = [relay.factory] if relay is not None else None
         try:
             llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
@@ -141,6 +143,12 @@ class VllmEngine:
         if relay is not None:
             relay.observer = observer
         return engine
+
+    def attach_observer(self, observer: EngineStatsObserver) -> None:
+        """Start forwarding vLLM's stats to ``observer`` (e.g. after start-up profiling)."""
+        if self._relay is None:
+            raise RoseError(f"the {self.spec.purpose} engine was started without stat logging; pass an observer")
+        self._relay.observer = observer
 
     @property
     def llm(self) -> AsyncLLM:
@@ -160,6 +168,19 @@ class VllmEngine:
 
     def num_unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
+
+    def live_requests(self) -> list[LiveRequest]:
+        """The requests in flight now, read from the front-end's request states (this process, no RPC).
+
+        Timestamps need stat logging (the serving engine has it); without it ``arrival_s`` is now and
+        ``last_token_s`` is ``None`` while prefilling, now after.
+        """
+        now_mono = time.monotonic()
+        wall_to_mono = now_mono - time.time()
+        return [
+            _live(rid, state, now_mono, wall_to_mono)
+            for rid, state in list(self.llm.output_processor.request_states.items())
+        ]
 
     # ---------------------------------------------------------------- generation
 
@@ -265,6 +286,25 @@ def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
     if not logprobs:
         return []
     return [float(position[token].logprob) for position, token in zip(logprobs, token_ids, strict=False)]
+
+
+def _live(request_id: str, state: Any, now_mono: float, wall_to_mono: float) -> LiveRequest:
+    """A ``LiveRequest`` from vLLM's ``RequestState`` (arrival is wall clock; token stamps are monotonic)."""
+    stats = state.stats
+    arrival = stats.arrival_time + wall_to_mono if stats is not None and stats.arrival_time else now_mono
+    last = stats.last_token_ts if stats is not None and stats.last_token_ts else None
+    if last is None and not state.is_prefilling:
+        last = now_mono
+    return LiveRequest(
+        request_id=str(request_id),
+        arrival_s=min(arrival, now_mono),
+        prompt_tokens=int(state.prompt_len or 0),
+        max_tokens=int(state.max_tokens_param or 0),
+        tokens_out=int(stats.num_generation_tokens) if stats is not None else 0,
+        prefilling=bool(state.is_prefilling),
+        last_token_s=last,
+        cached_tokens=int(state.num_cached_tokens or 0),
+    )
 
 
 class _StatsRelay:

@@ -35,6 +35,10 @@ def count_parameters(model_dir: Path) -> int:
     return total
 
 
+def kv_bytes_per_token_of(model_dir: str | Path) -> int:
+    return kv_bytes_per_token(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
 def kv_bytes_per_token(config: dict[str, Any]) -> int:
     """K and V bytes one token occupies across all layers, in the checkpoint dtype."""
     text = config.get("text_config", config)

@@ -1,5 +1,9 @@
-"""Runs rollout turns on the rollout engine: admission (version, capacity), the serving-headroom gate,
-cancellation, and the TurnResult / TurnAborted replies."""
+"""Runs rollout turns on the rollout engine: admission (version, capacity, memory budget), the SLO guard's
+start signal, cancellation and memory aborts, and the TurnResult / TurnAborted replies.
+
+Unguarded (dedicated role) a turn starts at once; guarded (serving role) it waits until the guard's control
+tick releases it (``release``). Under a serving-first memory budget, a turn whose KV reservation does not fit
+is given back with reason ``memory`` (the scheduler re-routes it)."""
 
 from __future__ import annotations
 
@@ -7,18 +11,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from rose_core.messages import TurnAborted, TurnRequest, TurnResult
+from rose_core.policy import RolloutMemoryUse
 from rose_executor import metrics
+from rose_executor.co_serving_guard import QueuedTurn
 from rose_executor.warm_trajectories import WarmTrajectories
 
 if TYPE_CHECKING:
     from rose_executor.engine import GenerationOutput, VllmEngine
+    from rose_executor.serving_first_budget import ServingFirstBudget
 
 log = logging.getLogger(__name__)
 Send = Callable[[msgspec.Struct], None]
@@ -29,9 +36,16 @@ TurnKey = tuple[str, int]
 class _Turn:
     request: TurnRequest
     received_at: float
+    kv_bytes: int = 0
     task: asyncio.Task[None] | None = None
     abort_reason: str = ""
     """Why the executor gives the turn back; empty when the controller cancelled it (no reply)."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.request.turn_id}:{self.request.attempt}"
 
 
 class RolloutRunner:
@@ -45,19 +59,25 @@ class RolloutRunner:
         send: Send,
         weight_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        guarded: bool = False,
+        memory: ServingFirstBudget | None = None,
     ) -> None:
         self.engine = engine
         self.executor_id = executor_id
         self.capacity = capacity
         self.weight_version = weight_version
         self.tokens_total = 0
-        self.budget_frozen = False
+        self.held = False
+        """Set by the guard: True while serving has no slack to lend (the heartbeat's state ``held``)."""
+        self.guarded = guarded
+        self.memory = memory
         self.warm = WarmTrajectories()
+        self.prompt_tokens_total = 0
+        self.prefix_hit_tokens_total = 0
         self._send = send
         self._clock = clock
         self._turns: dict[TurnKey, _Turn] = {}
-        self._gate = asyncio.Event()
-        self._gate.set()
         self._refusal = ""
         metrics.WEIGHT_VERSION.set(weight_version)
 
@@ -68,16 +88,47 @@ class RolloutRunner:
         return len(self._turns)
 
     @property
-    def held(self) -> bool:
-        """True while new rollout sequences wait for serving headroom."""
-        return not self._gate.is_set()
+    def budget_frozen(self) -> bool:
+        return self.memory is not None and self.memory.frozen
 
-    def set_headroom(self, ok: bool) -> None:
-        """Open the gate (start queued turns) or close it (turns not yet started wait here)."""
-        if ok:
-            self._gate.set()
-        else:
-            self._gate.clear()
+    def queued(self) -> list[QueuedTurn]:
+        """Turns waiting for the guard, oldest first."""
+        return [
+            QueuedTurn(t.key, len(t.request.prompt_token_ids)) for t in self._turns.values() if not t.released.is_set()
+        ]
+
+    def running(self) -> list[str]:
+        return [t.key for t in self._turns.values() if t.released.is_set()]
+
+    def memory_uses(self) -> list[RolloutMemoryUse]:
+        """KV reservations of the admitted (started) turns."""
+        return [
+            RolloutMemoryUse(t.key, t.kv_bytes, t.started_at) for t in self._turns.values() if t.started_at is not None
+        ]
+
+    def release(self, keys: tuple[str, ...] | list[str]) -> int:
+        """Start the queued turns named by the guard; a turn that no longer fits the memory budget is given
+        back with reason ``memory``. Returns how many started."""
+        wanted = set(keys)
+        started = 0
+        for turn in list(self._turns.values()):
+            if turn.key not in wanted or turn.released.is_set():
+                continue
+            if not self._fits(turn.kv_bytes):
+                self._abort_turn(turn, "memory")
+                continue
+            self._start(turn)
+            started += 1
+        self._update_gauges()
+        return started
+
+    def abort_keys(self, keys: tuple[str, ...] | list[str], reason: str) -> int:
+        """Give the named in-flight turns back with ``reason`` (e.g. ``memory`` after an emergency cut)."""
+        wanted = set(keys)
+        turns = [t for t in self._turns.values() if t.key in wanted]
+        for turn in turns:
+            self._abort_turn(turn, reason)
+        return len(turns)
 
     def refuse(self, reason: str) -> None:
         """Give every new turn back with ``reason`` until ``admit()``."""
@@ -102,9 +153,40 @@ class RolloutRunner:
         if reason:
             self._reply_aborted(req, reason)
             return
-        turn = _Turn(req, self._clock())
+        kv_bytes = self.memory.rollout_bytes(len(req.prompt_token_ids), req.sampling.max_tokens) if self.memory else 0
+        if not self._fits(kv_bytes):
+            self._reply_aborted(req, "memory")
+            return
+        turn = _Turn(req, self._clock(), kv_bytes)
         self._turns[key] = turn
+        if not self.guarded:
+            self._start(turn)
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{req.turn_id}-{req.attempt}")
+        self._update_gauges()
+
+    def _start(self, turn: _Turn) -> None:
+        turn.started_at = self._clock()
+        turn.released.set()
+
+    def _fits(self, kv_bytes: int) -> bool:
+        if self.memory is None:
+            return True
+        used = sum(t.kv_bytes for t in self._turns.values() if t.started_at is not None)
+        return self.memory.fits(used, kv_bytes)
+
+    def _abort_turn(self, turn: _Turn, reason: str) -> None:
+        turn.abort_reason = reason
+        if turn.task is not None:
+            turn.task.cancel()
+
+    def _update_gauges(self) -> None:
+        running = [t for t in self._turns.values() if t.started_at is not None]
+        metrics.ROLLOUT_TOKENS_ADMITTED.set(
+            sum(len(t.request.prompt_token_ids) + t.request.sampling.max_tokens for t in running)
+        )
+        metrics.ROLLOUT_TOKENS_HELD.set(
+            sum(len(t.request.prompt_token_ids) for t in self._turns.values() if t.started_at is None)
+        )
 
     def cancel(self, turn_id: str, attempt: int) -> bool:
         """Abort a turn without a reply (the controller no longer wants it)."""
@@ -120,9 +202,7 @@ class RolloutRunner:
         """Give every in-flight turn back with ``reason``; returns how many."""
         turns = list(self._turns.values())
         for turn in turns:
-            turn.abort_reason = reason
-            if turn.task is not None:
-                turn.task.cancel()
+            self._abort_turn(turn, reason)
         await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
         return len(turns)
 
@@ -140,7 +220,7 @@ class RolloutRunner:
     async def _run(self, turn: _Turn) -> None:
         req = turn.request
         try:
-            await self._gate.wait()
+            await turn.released.wait()
             started = self._clock()
             version = self.weight_version
             request_id = f"{req.turn_id}:{req.attempt}"
@@ -156,6 +236,7 @@ class RolloutRunner:
             return
         finally:
             self._turns.pop((req.turn_id, req.attempt), None)
+            self._update_gauges()
         if out.finish_reason == "abort" or version != self.weight_version:
             self._reply_aborted(req, turn.abort_reason or "engine_error: aborted by the engine")
             return
@@ -166,6 +247,7 @@ class RolloutRunner:
         self.warm.touch(req.trajectory_id, self._clock())
         metrics.ROLLOUT_TURNS.labels("ok").inc()
         metrics.ROLLOUT_TOKENS.inc(len(out.token_ids))
+        self._count_prefix_hits(len(req.prompt_token_ids), out.num_cached_tokens)
         self._send(
             TurnResult(
                 turn_id=req.turn_id,
@@ -181,6 +263,18 @@ class RolloutRunner:
                 prefix_hit_tokens=out.num_cached_tokens,
             )
         )
+
+    def _count_prefix_hits(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens_total += prompt_tokens
+        self.prefix_hit_tokens_total += cached_tokens
+        metrics.PROMPT_TOKENS.inc(prompt_tokens)
+        metrics.PREFIX_HIT_TOKENS.inc(cached_tokens)
+        metrics.PREFIX_HIT_RATIO.set(self.prefix_hit_rate)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens, over finished turns."""
+        return self.prefix_hit_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
 
     def _reply_aborted(self, req: TurnRequest, reason: str) -> None:
         metrics.ROLLOUT_TURNS.labels(reason.split(":", 1)[0]).inc()

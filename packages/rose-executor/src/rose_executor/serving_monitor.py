@@ -69,6 +69,8 @@ class ServingMonitor:
             if ttft > self.slo_ttft_s or tpot > self.slo_tpot_s:
                 self.violations_total += 1
                 metrics.SERVING_SLO_VIOLATIONS.inc()
+        if finished:
+            metrics.SERVING_SLO_ATTAINMENT.set(1 - self.violations_total / self.requests_total)
 
     def on_scheduler(self, kv_usage_ratio: float) -> None:
         self.window.set_kv_usage(kv_usage_ratio)

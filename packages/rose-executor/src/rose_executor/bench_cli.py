@@ -1,0 +1,69 @@
+"""``rose-executor bench [--json]``: the co-serving benchmark as a command (a table, or JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+T = TypeVar("T")
+
+
+def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
+    """Run ``work`` with file descriptor 1 pointing at stderr (vLLM and its engine processes log to stdout),
+    so that stdout carries only the result."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return work()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--seconds", default=8.0, show_default=True, type=click.FloatRange(1.0), help="Per configuration.")
+@click.option(
+    "--slo-multiple",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(1.0),
+    help="SLOs = this multiple of the worst serving-alone p99.",
+)
+@click.option(
+    "--models-dir",
+    default=str(Path.home() / ".cache" / "rose" / "bench-models"),
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the tiny models are generated (once).",
+)
+def bench(as_json: bool, seconds: float, slo_multiple: float, models_dir: str) -> None:
+    """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load."""
+    logging.basicConfig(level="WARNING", stream=sys.stderr)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from rose_executor.co_serving_bench import run_bench
+
+    result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple)))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"SLO: TTFT {result['slo_ttft_ms']:.1f} ms, TPOT {result['slo_tpot_ms']:.1f} ms")
+    click.echo(f"{'level':8} {'config':10} {'TTFT p99':>10} {'TPOT p99':>10} {'SLO att':>8} {'rollout tok/s':>14}")
+    for level, rows in result["levels"].items():
+        for config in ("alone", "unguarded", "guarded"):
+            r = rows[config]
+            click.echo(
+                f"{level:8} {config:10} {r['serving_ttft_p99_ms']:8.1f}ms {r['serving_tpot_p99_ms']:8.1f}ms "
+                f"{r['slo_attainment']:8.3f} {r['rollout_tokens_per_s']:14.0f}"
+            )
+        click.echo(f"{level:8} harvest_ratio {rows['harvest_ratio']:.2f}")

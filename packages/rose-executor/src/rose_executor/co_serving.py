@@ -1,0 +1,158 @@
+"""The co-serving mechanism of a serving host: every control tick, drive the pure policies with what the
+engines show and turn their decisions into vLLM calls (start queued rollout turns, pause/resume the rollout
+engine, abort rollout requests on a memory cut).
+
+One implementation, two drivers: ``DualSlackAdmission`` and ``ServingFirstMemory`` are rose-core's pure
+policies; the simulator drives the same objects with simulated time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rose_core.policy import AdmissionConfig, DualSlackAdmission, MemoryPolicyConfig
+from rose_executor import metrics
+from rose_executor.co_serving_guard import CoServingGuard, GuardVerdict
+from rose_executor.config import ExecutorConfig
+from rose_executor.latency_profile import EngineProfile
+from rose_executor.model_info import count_parameters, kv_bytes_per_token_of
+from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
+
+if TYPE_CHECKING:
+    from rose_executor.engine import VllmEngine
+    from rose_executor.rollout_runner import RolloutRunner
+
+log = logging.getLogger(__name__)
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class SloBudgets:
+    ttft_s: float
+    tpot_s: float
+
+    @classmethod
+    def resolve(cls, config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
+        """Config values, or ``slo_from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
+        if config.slo_from_profile <= 0:
+            return cls(config.slo_ttft_ms / 1000, config.slo_tpot_ms / 1000)
+        model = serving.latency_model()
+        ttft_alone = model.prefill_s(max(n for n, _ in serving.prefill_points), config.prefill_chunk_tokens)
+        tpot_alone = model.decode_step_s(config.serving_max_num_seqs)
+        return cls(config.slo_from_profile * ttft_alone, config.slo_from_profile * tpot_alone)
+
+
+def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
+    """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
+    if config.device_memory_bytes <= 0:
+        return None
+    serving = footprint(config.serving_model_dir, config.dtype)
+    rollout = footprint(config.policy_model_dir, config.dtype)
+    policy = MemoryPolicyConfig(
+        device_bytes=config.device_memory_bytes,
+        rollout_weight_bytes=rollout.weight_bytes,
+        headroom_fraction=config.memory_headroom_fraction,
+        high_watermark=config.memory_high_watermark,
+    )
+    return ServingFirstBudget(policy, serving, rollout)
+
+
+def footprint(model_dir: str, dtype: str) -> ModelFootprint:
+    root = Path(model_dir)
+    return ModelFootprint(count_parameters(root) * _DTYPE_BYTES.get(dtype, 2), kv_bytes_per_token_of(root))
+
+
+class CoServing:
+    """The guard and the memory budget of one serving host, driven by ``run`` every ``interval_s``."""
+
+    def __init__(
+        self,
+        guard: CoServingGuard,
+        serving: VllmEngine,
+        rollout: VllmEngine,
+        runner: RolloutRunner,
+        interval_s: float,
+        memory: ServingFirstBudget | None = None,
+    ) -> None:
+        self.guard = guard
+        self.serving = serving
+        self.rollout = rollout
+        self.runner = runner
+        self.interval_s = interval_s
+        self.memory = memory
+        self.headroom = True
+        self.paused = False
+        self.last: GuardVerdict | None = None
+
+    @classmethod
+    def build(
+        cls,
+        config: ExecutorConfig,
+        profiles: tuple[EngineProfile, EngineProfile],
+        engines: tuple[VllmEngine, VllmEngine],
+        runner: RolloutRunner,
+    ) -> CoServing:
+        """The guard of a serving host from its config and the (serving, rollout) profiles; no p99 feedback
+        until ``guard.set_feedback``."""
+        slo = SloBudgets.resolve(config, profiles[0])
+        admission = DualSlackAdmission(
+            AdmissionConfig(slo.ttft_s, slo.tpot_s, config.prefill_chunk_tokens, config.admission_margin_ms / 1000),
+            profiles[0].latency_model(),
+            profiles[1].latency_model(),
+        )
+        log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
+        guard = CoServingGuard(admission)
+        return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
+
+    async def run(self, updating: Callable[[], bool]) -> None:
+        """The control loop; ``updating()`` True means a weight update owns the rollout engine's pause state."""
+        while True:
+            await self.tick(time.monotonic(), updating())
+            await asyncio.sleep(self.interval_s)
+
+    async def tick(self, now: float, updating: bool = False) -> GuardVerdict:
+        serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+        if self.memory is not None:
+            decision = self.memory.observe(now, serving, self.runner.memory_uses())
+            if decision.abort:
+                log.warning(
+                    "serving memory crossed the high watermark: rollout budget cut to %d bytes, "
+                    "aborting %d rollout turns",
+                    decision.budget_bytes,
+                    len(decision.abort),
+                )
+                self.runner.abort_keys(decision.abort, "memory")
+        verdict = self.guard.decide(now, serving, self.runner.running(), self.runner.queued())
+        self.last = verdict
+        self.headroom = verdict.headroom
+        self.runner.held = not verdict.headroom
+        metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
+        if updating:
+            self.paused = False  # the weight update pauses and resumes the engine itself
+            return verdict
+        await self._apply(verdict)
+        return verdict
+
+    async def _apply(self, verdict: GuardVerdict) -> None:
+        if not verdict.run_rollout and not self.paused:
+            await self.rollout.pause(keep_requests=True)
+            self.paused = True
+            metrics.GUARD_HOLDS.inc()
+        elif verdict.run_rollout and self.paused:
+            await self.rollout.resume()
+            self.paused = False
+        metrics.ROLLOUT_ENGINE_PAUSED.set(1 if self.paused else 0)
+        if verdict.start:
+            self.runner.release(verdict.start)
+
+    def on_step(self, step: int) -> None:
+        if self.memory is not None:
+            serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+            self.memory.on_step(step, serving)

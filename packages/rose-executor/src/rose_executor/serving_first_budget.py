@@ -1,0 +1,76 @@
+"""The mechanism of serving-first memory on this device: observations for ``ServingFirstMemory``.
+
+On CPU vLLM can neither resize nor sleep its KV cache, so the budget is enforced by admission: a rollout
+sequence counts ``(prompt + max_tokens) x kv_bytes_per_token`` of the policy model from the moment it is
+admitted, and serving counts its weights plus the same reservation for each in-flight serving request (an
+upper bound of what its KV pages can reach; vLLM's ``kv_cache_usage`` ratio of a preallocated cache would
+not show growth). The pure policy decides budget, cut, aborts and freeze.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rose_core.policy import MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
+from rose_executor import metrics
+from rose_executor.live_request import LiveRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFootprint:
+    weight_bytes: int
+    kv_bytes_per_token: int
+
+    def __post_init__(self) -> None:
+        if self.weight_bytes < 0 or self.kv_bytes_per_token < 0:
+            raise ValueError("model footprint bytes must be >= 0")
+
+
+class ServingFirstBudget:
+    """Feeds the pure ``ServingFirstMemory`` policy and remembers its last decision."""
+
+    def __init__(self, config: MemoryPolicyConfig, serving: ModelFootprint, rollout: ModelFootprint) -> None:
+        if config.rollout_weight_bytes != rollout.weight_bytes:
+            raise ValueError("MemoryPolicyConfig.rollout_weight_bytes must be the rollout model's weight bytes")
+        self.serving = serving
+        self.rollout = rollout
+        self.policy = ServingFirstMemory(config, serving.weight_bytes)
+        metrics.ROLLOUT_BUDGET_BYTES.set(self.policy.budget_bytes)
+
+    @property
+    def frozen(self) -> bool:
+        return self.policy.frozen
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.policy.budget_bytes
+
+    def rollout_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        return (prompt_tokens + max_tokens) * self.rollout.kv_bytes_per_token
+
+    def serving_bytes(self, serving: Sequence[LiveRequest]) -> int:
+        reserved = sum(r.reserved_tokens for r in serving)
+        return self.serving.weight_bytes + reserved * self.serving.kv_bytes_per_token
+
+    def fits(self, used_bytes: int, extra_bytes: int) -> bool:
+        return self.policy.fits(used_bytes, extra_bytes)
+
+    def observe(
+        self, now: float, serving: Sequence[LiveRequest], rollout: Sequence[RolloutMemoryUse]
+    ) -> MemoryDecision:
+        decision = self.policy.observe(now, self.serving_bytes(serving), rollout)
+        if decision.cut:
+            metrics.ROLLOUT_BUDGET_CUTS.inc()
+            metrics.ROLLOUT_BUDGET_BYTES.set(decision.budget_bytes)
+        metrics.ROLLOUT_BUDGET_FROZEN.set(1 if decision.frozen else 0)
+        return decision
+
+    def on_step(self, step: int, serving: Sequence[LiveRequest]) -> bool:
+        """RL step boundary: unfreeze and re-budget; False (nothing changes) for a step already seen."""
+        if step <= self.policy.step:
+            return False
+        self.policy.on_step(step, self.serving_bytes(serving))
+        metrics.ROLLOUT_BUDGET_BYTES.set(self.policy.budget_bytes)
+        metrics.ROLLOUT_BUDGET_FROZEN.set(0)
+        return True

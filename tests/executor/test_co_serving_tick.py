@@ -1,0 +1,103 @@
+"""The co-serving control tick with the real RolloutRunner and policies, fake engines, simulated time:
+admitted turns start, a vanished slack pauses the rollout engine within the tick, a memory cut aborts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from rose_core.messages import SamplingParams, TurnAborted, TurnRequest
+from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel, MemoryPolicyConfig
+from rose_executor.co_serving import CoServing
+from rose_executor.co_serving_guard import CoServingGuard
+from rose_executor.engine import GenerationOutput
+from rose_executor.live_request import LiveRequest
+from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
+
+MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
+
+
+class FakeEngine:
+    """Generation that never finishes; records pause/resume; serves a settable list of live requests."""
+
+    def __init__(self) -> None:
+        self.live: list[LiveRequest] = []
+        self.calls: list[str] = []
+        self.started: list[str] = []
+
+    def live_requests(self) -> list[LiveRequest]:
+        return list(self.live)
+
+    async def pause(self, *, keep_requests: bool = False) -> None:
+        self.calls.append(f"pause(keep={keep_requests})")
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+
+    async def generate(self, request_id: str, prompt: Any, sampling: Any) -> GenerationOutput:
+        self.started.append(request_id)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def setup(memory: ServingFirstBudget | None = None) -> tuple[CoServing, FakeEngine, FakeEngine, list[Any]]:
+    sent: list[Any] = []
+    serving, rollout = FakeEngine(), FakeEngine()
+    runner = RolloutRunner(rollout, "ex", 4, sent.append, guarded=True, memory=memory)  # type: ignore[arg-type]
+    guard = CoServingGuard(DualSlackAdmission(AdmissionConfig(0.5, 0.05), MODEL, MODEL))
+    return CoServing(guard, serving, rollout, runner, 0.05, memory), serving, rollout, sent  # type: ignore[arg-type]
+
+
+def turn(name: str, max_tokens: int = 100) -> TurnRequest:
+    return TurnRequest(
+        turn_id=name, trajectory_id=f"t-{name}", attempt=0, prompt_token_ids=np.arange(20, dtype=np.int32),
+        sampling=SamplingParams(max_tokens=max_tokens), min_version=0, max_version=0,
+    )  # fmt: skip
+
+
+async def test_admit_hold_within_one_tick_and_resume() -> None:
+    co, serving, rollout, _ = setup()
+    co.runner.submit(turn("a"))
+    await asyncio.sleep(0)
+    assert rollout.started == [] and co.runner.queued()  # guarded: waits for the tick
+    await co.tick(100.0)
+    await asyncio.sleep(0)
+    assert rollout.started == ["a:0"] and co.headroom
+    serving.live = [LiveRequest("s", 99.0, 8, 64, 5, prefilling=False, last_token_s=99.999)]
+    co.runner.submit(turn("b"))
+    held = await co.tick(100.05)  # 50 ms after the last serving token: TPOT slack gone
+    assert not held.run_rollout and rollout.calls == ["pause(keep=True)"] and co.runner.held
+    assert [q.key for q in co.runner.queued()] == ["b:0"]
+    serving.live = []
+    await co.tick(100.1)
+    await asyncio.sleep(0)
+    assert rollout.calls == ["pause(keep=True)", "resume"] and rollout.started == ["a:0", "b:0"]
+    await co.runner.abort_all("shutdown")
+
+
+async def test_memory_cut_aborts_the_youngest_and_freezes_until_the_step() -> None:
+    kv = 100  # bytes per token, both models; a turn reserves (20 + 100) x 100 = 12 kB
+    policy = MemoryPolicyConfig(device_bytes=100_000, rollout_weight_bytes=10_000, high_watermark=0.5)
+    memory = ServingFirstBudget(policy, ModelFootprint(40_000, kv), ModelFootprint(10_000, kv))
+    co, serving, _, sent = setup(memory)
+    assert memory.budget_bytes == 30_000  # 100 k - 10 k rollout weights - 40 k serving - 20 k headroom
+    for name in ("a", "b"):
+        co.runner.submit(turn(name))
+        await co.tick(float(len(sent) + ord(name)))
+    await asyncio.sleep(0)
+    assert len(co.runner.memory_uses()) == 2
+    serving.live = [LiveRequest("s", 200.0, 100, 20, 0, prefilling=True, last_token_s=None)]  # +12 kB >= 10 k
+    await co.tick(200.0)
+    await asyncio.sleep(0)
+    assert memory.frozen and memory.budget_bytes == 15_000
+    aborted = [m for m in sent if isinstance(m, TurnAborted)]
+    assert [(m.turn_id, m.reason) for m in aborted] == [("b", "memory")]
+    co.runner.submit(turn("c"))  # 12 kB + 12 kB > 15 kB: refused at once
+    assert isinstance(sent[-1], TurnAborted) and (sent[-1].turn_id, sent[-1].reason) == ("c", "memory")
+    serving.live = []
+    co.on_step(1)
+    assert not memory.frozen and memory.budget_bytes == 30_000
+    await co.runner.abort_all("shutdown")

@@ -1,0 +1,59 @@
+"""Latency profiles: cache keys, cache round trip, SLO budgets derived from a profile, memory footprints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rose_executor.co_serving import SloBudgets, footprint, memory_budget
+from rose_executor.config import ExecutorConfig, parse_executor_config
+from rose_executor.latency_profile import EngineProfile, _read, _write, profile_key
+
+PROFILE = EngineProfile(key="k", prefill_points=[(16, 0.006), (512, 0.018)], decode_points=[(1, 0.002), (8, 0.0023)])
+
+
+def test_profile_key_names_model_dtype_and_device(policy_dir: Path, serving_dir: Path) -> None:
+    key = profile_key(policy_dir, "bfloat16", "cpu-test")
+    assert key.startswith("policy-bfloat16-cpu-test-")
+    assert key == profile_key(policy_dir, "bfloat16", "cpu-test")
+    assert key != profile_key(policy_dir, "float32", "cpu-test")
+    assert profile_key(serving_dir, "bfloat16", "cpu-test") != key
+
+
+def test_profile_cache_round_trip_and_stale_key(tmp_path: Path) -> None:
+    path = tmp_path / "p" / "k.json"
+    _write(path, PROFILE)
+    assert _read(path, "k") == PROFILE
+    assert _read(path, "another-model") is None
+    path.write_text("{not json")
+    assert _read(path, "k") is None
+
+
+def test_slo_budgets_from_config_or_from_the_profile(policy_dir: Path) -> None:
+    cfg = ExecutorConfig(policy_model_dir=str(policy_dir), slo_ttft_ms=500, slo_tpot_ms=50)
+    assert SloBudgets.resolve(cfg, PROFILE) == SloBudgets(0.5, 0.05)
+    derived = SloBudgets.resolve(
+        ExecutorConfig(policy_model_dir=str(policy_dir), slo_from_profile=5.0, serving_max_num_seqs=8), PROFILE
+    )
+    assert derived.ttft_s == pytest.approx(5 * 0.018) and derived.tpot_s == pytest.approx(5 * 0.0023)
+
+
+def test_memory_budget_off_by_default_and_sized_from_the_models(policy_dir: Path, serving_dir: Path) -> None:
+    base = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir))
+    assert memory_budget(base) is None
+    policy = footprint(str(policy_dir), "bfloat16")
+    assert policy.kv_bytes_per_token == 512 and policy.weight_bytes > 0
+    serving = footprint(str(serving_dir), "bfloat16")
+    device = 4 * (policy.weight_bytes + serving.weight_bytes)
+    text = f'policy_model_dir = "{policy_dir}"\nserving_model_dir = "{serving_dir}"\ndevice_memory_bytes = {device}\n'
+    budget = memory_budget(parse_executor_config(text))
+    assert budget is not None and not budget.frozen
+    assert budget.budget_bytes == device - int(0.2 * device) - policy.weight_bytes - serving.weight_bytes
+
+
+def test_guard_settings_are_validated(policy_dir: Path) -> None:
+    with pytest.raises(ValueError, match="memory_high_watermark"):
+        ExecutorConfig(policy_model_dir=str(policy_dir), memory_high_watermark=0)
+    with pytest.raises(ValueError, match="prefill_chunk_tokens"):
+        ExecutorConfig(policy_model_dir=str(policy_dir), prefill_chunk_tokens=0)
