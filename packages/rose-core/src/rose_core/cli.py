@@ -145,7 +145,8 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
                    "  ".join(f"{k}={v}" for k, v in result.items()))
         return
     from rose_core.sim import load_scenario, run_scenario, to_json
-    from rose_core.sim.system_result import format_table
+    from rose_core.sim.scenario_run import critical_path
+    from rose_core.sim.system_result import critical_path_line, format_table
 
     scenario = load_scenario(scenario_name)
     if plot_path:
@@ -159,7 +160,8 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
         click.echo(json.dumps(to_json(scenario, results), indent=2))
         return
     for algorithm, res in results.items():
-        click.echo(format_table(f"\n{scenario.name} / {algorithm} ({scenario.workload.steps} steps)", res))
+        click.echo(format_table(f"\n{scenario.name} / {algorithm} ({scenario.workload.steps} steps)", res.systems))
+        click.echo(critical_path_line(critical_path(res)))
     if plot_path:
         click.echo(f"\nplot: {plot_path}")
 

@@ -22,7 +22,7 @@ from rose_core.sim.scenario import Algorithm
 from rose_core.sim.sim_environment import SimEnvironment
 from rose_core.sim.sim_worker import RunningTurn, SimWorker
 from rose_core.sim.system_profile import SystemProfile
-from rose_core.sim.workload import Trajectory, sample_batch
+from rose_core.sim.workload import Trajectory, groups_launched, sample_batch
 
 TURN_DONE, ENV_DONE, SYNC_DONE, WORKER_READY, WORKER_LEAVE, MEM_PRESSURE, TRAIN_DONE = range(7)
 CHUNK = 512
@@ -30,9 +30,12 @@ CHUNK = 512
 
 class ClusterSim:
     def __init__(self, env: SimEnvironment, profile: SystemProfile, algorithm: Algorithm,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, unbounded: bool = False) -> None:
+        """``unbounded``: a dedicated GPU for every trajectory a step can have in flight, each running one
+        sequence (the critical-path reference: no system with more GPUs can roll a step out faster)."""
         sc = env.scenario
         self.env, self.sc, self.profile, self.algorithm = env, sc, profile, algorithm
+        self.unbounded = unbounded
         self.progress = progress
         self.rng = np.random.default_rng(sc.seed + 17)
         self.staleness = sc.workload.async_staleness if profile.asynchronous else 0
@@ -86,11 +89,18 @@ class ClusterSim:
         return self.sc.cluster.borrowable_gpus // self.sc.rollout_model.tp
 
     def _add_dedicated(self) -> None:
-        cap = self.sc.workload.concurrency_per_worker
-        for i in range(self.sc.cluster.dedicated_rollout_gpus // self.sc.rollout_model.tp):
+        cap = 1 if self.unbounded else self.sc.workload.concurrency_per_worker
+        for i in range(self._dedicated_workers()):
             wid = f"dedicated{i}"
             self.workers[wid] = SimWorker(wid, "dedicated")
             self.sched.add_worker(0.0, wid, "dedicated", cap, 0)
+
+    def _dedicated_workers(self) -> int:
+        if not self.unbounded:
+            return self.sc.cluster.dedicated_rollout_gpus // self.sc.rollout_model.tp
+        wl = self.sc.workload
+        most = max(groups_launched(wl, self.algorithm, s) for s in range(wl.steps)) * wl.group_size
+        return most * (1 + self.staleness)
 
     # ------------------------------------------------------------------ elastic pools
 
@@ -238,13 +248,20 @@ class ClusterSim:
         self._push(self.now + dense * 8 / (cl.intra_gbps * 1e9) + w.sync_overhead_s, SYNC_DONE, self.version,
                    "dedicated", None)
         if self.profile.elastic != "none":
-            per_elem = w.sparse_bytes_per_element / 2 if self.profile.elastic == "borrowed" else 1.0
-            remote = dense * per_elem * 8 / (cl.cross_gbps * 1e9) + w.apply_s + w.sync_overhead_s
-            self._push(self.now + remote, SYNC_DONE, self.version, "remote", None)
+            link_s = self._remote_link_bytes(dense) * 8 / (cl.cross_gbps * 1e9)
+            self.record.remote_sync_s += link_s
+            self._push(self.now + link_s + w.apply_s + w.sync_overhead_s, SYNC_DONE, self.version, "remote", None)
         if self.progress is not None:
             self.progress(self.record.steps)
         self._try_launch()
         self._try_train()
+
+    def _remote_link_bytes(self, dense: float) -> float:
+        """Bytes one new version puts on the cross-cluster link (see ``SystemProfile.remote_weights``)."""
+        if self.profile.remote_weights == "sparse-relayed":
+            return dense * self.sc.weights.sparse_bytes_per_element / 2
+        remote = sum(1 for w in self.workers.values() if w.kind != "dedicated" and w.alive)
+        return dense * max(1, remote)
 
     def _try_train(self) -> None:
         b = self.next_train

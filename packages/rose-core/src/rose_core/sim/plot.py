@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rose_core.errors import MissingExtraError
-from rose_core.sim.system_result import SystemResult
+from rose_core.sim.scenario_run import WorkloadResults
 
 
-def plot_results(path: str | Path, scenario: str, results: dict[str, dict[str, SystemResult]]) -> None:
+def plot_results(path: str | Path, scenario: str, results: dict[str, WorkloadResults]) -> None:
     try:
         import matplotlib
 
@@ -20,7 +20,9 @@ def plot_results(path: str | Path, scenario: str, results: dict[str, dict[str, S
     fig, axes = plt.subplots(2, len(algorithms), figsize=(6 * len(algorithms), 7), squeeze=False)
     for col, alg in enumerate(algorithms):
         top, bottom = axes[0][col], axes[1][col]
-        for name, r in results[alg].items():
+        bound = results[alg].critical_path.per_step_rollout_s
+        top.plot(range(1, len(bound) + 1), bound, color="0.6", linestyle=":", label="critical path")
+        for name, r in results[alg].systems.items():
             steps = range(1, len(r.per_step_rollout_s) + 1)
             top.plot(steps, r.per_step_rollout_s, marker="o", label=name)
             bottom.plot(steps, r.per_step_ttft_p99_ms, marker="o", label=f"{name} TTFT")

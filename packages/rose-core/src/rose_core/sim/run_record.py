@@ -37,6 +37,8 @@ class RunRecord:
     steps: int = 0
     end_time: float = 0.0
     overhead_s: float = 0.0
+    remote_sync_s: float = 0.0
+    """Cross-cluster link time of every weight version sent to the elastic GPUs."""
     memory_cuts: int = 0
     revocations: int = 0
     prefill_tokens: int = 0

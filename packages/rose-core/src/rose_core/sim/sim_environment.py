@@ -42,8 +42,8 @@ class SimEnvironment:
         else:
             self.traffic = synthetic_traffic(scenario.seed, sv.second_peak_to_mean, sv.minute_peak_to_mean,
                                              sv.prompt_tokens_mean, sv.output_tokens_mean)
-        top = float(self.traffic.per_second.max()) * max(CLASS_WEIGHTS)
-        self.table = CoServingTable(scenario, top)
+        fleet = np.concatenate([self.traffic.per_second * w for w in CLASS_WEIGHTS])
+        self.table = CoServingTable(scenario, fleet)
         self.classes = [self._serving_class(w) for w in CLASS_WEIGHTS]
         self.candidates = self._candidates()
 

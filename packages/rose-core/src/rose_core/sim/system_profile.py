@@ -8,6 +8,11 @@ from typing import Literal
 from rose_core.sim.scenario import SystemName
 
 ElasticKind = Literal["none", "borrowed", "spot", "serverless"]
+RemoteWeights = Literal["sparse-relayed", "dense-per-receiver"]
+"""How a new version reaches the elastic GPUs in the other cluster. ``sparse-relayed``: rose-transfer (a
+sparse patch crosses the slow link once per cluster, a relay fans it out). ``dense-per-receiver``: what
+today's systems do (prior-art 1.4-1.9; the baseline of ``rose-transfer bench``): every remote instance pulls
+the full model from the source, so the link carries one dense copy per remote worker."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -16,6 +21,7 @@ class SystemProfile:
     elastic: ElasticKind
     asynchronous: bool
     label: str
+    remote_weights: RemoteWeights = "dense-per-receiver"
 
 
 PROFILES: dict[str, SystemProfile] = {
@@ -26,5 +32,6 @@ PROFILES: dict[str, SystemProfile] = {
     "serverless": SystemProfile("serverless", "serverless", False,
                                 "+ serverless GPU functions: cold starts, time limit (lambda-RL-like)"),
     "rose": SystemProfile("rose", "borrowed", False,
-                          "+ borrowed serving GPUs under dual-slack admission and serving-first memory"),
+                          "+ borrowed serving GPUs under dual-slack admission and serving-first memory",
+                          "sparse-relayed"),
 }

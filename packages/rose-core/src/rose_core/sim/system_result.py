@@ -27,6 +27,8 @@ class SystemResult:
     memory_cuts: int
     revocations: int
     turns_routed: dict[str, int]
+    remote_sync_seconds_per_step: float = 0.0
+    """Cross-cluster link time per weight version sent to the elastic GPUs (0 without them)."""
     per_step_rollout_s: list[float] = field(default_factory=list)
     per_step_ttft_p99_ms: list[float] = field(default_factory=list)
     per_step_tpot_p99_ms: list[float] = field(default_factory=list)
@@ -56,6 +58,7 @@ def summarize(env: SimEnvironment, record: RunRecord, borrowed: list[tuple[int, 
         round(sum(b.p75_fraction() for b in trained) / max(1, len(trained)), 3),
         record.memory_cuts, record.revocations,
         {k.removeprefix("routed_"): v for k, v in sorted(record.counters.items()) if k.startswith(("routed_", "rerouted_", "aborted_"))},
+        round(record.remote_sync_s / max(1, record.steps), 3),
         [round(r, 2) for r in rollout],
         [round(s.ttft_p99_ms, 2) for s in per_step], [round(s.tpot_p99_ms, 2) for s in per_step])
 
@@ -88,3 +91,10 @@ def format_table(title: str, results: dict[str, SystemResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [title] + ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
+
+
+def critical_path_line(bound: dict[str, float]) -> str:
+    """One line under a table: the critical-path bound and the share of the possible gain each system took."""
+    line = f"critical path (a GPU slot for every trajectory): {bound['rollout_seconds_per_step']:.1f} s/step"
+    captured = [f"{k.removesuffix('_gain_captured')} {100 * v:.0f}%" for k, v in bound.items() if k.endswith("_captured")]
+    return line + ("; share of fixed's gap to it closed: " + ", ".join(captured) if captured else "")
