@@ -17,7 +17,7 @@ from rose_core.config import ConfigSection, parse_config, require_fraction, requ
 from rose_core.errors import ConfigError
 
 SYSTEMS = ("fixed", "fixed-async", "elastic-spot", "serverless", "rose")
-SystemName = Literal["fixed", "fixed-async", "elastic-spot", "serverless", "rose"]
+SystemName = Literal["fixed", "fixed-async", "elastic-spot", "serverless", "rose", "rose-async"]
 Algorithm = Literal["grpo", "dapo"]
 
 
@@ -173,7 +173,8 @@ class Scenario(_Spec):
     name: str = "custom"
     description: str = ""
     seed: int = 0
-    systems: list[SystemName] = msgspec.field(default_factory=lambda: ["fixed", "fixed-async", "elastic-spot", "serverless", "rose"])
+    systems: list[SystemName] = msgspec.field(
+        default_factory=lambda: ["fixed", "fixed-async", "elastic-spot", "serverless", "rose", "rose-async"])
     gpu: GpuSpec = msgspec.field(default_factory=GpuSpec)
     rollout_model: ModelSpec = msgspec.field(default_factory=ModelSpec)
     serving: ServingSpec = msgspec.field(default_factory=ServingSpec)

@@ -34,4 +34,7 @@ PROFILES: dict[str, SystemProfile] = {
     "rose": SystemProfile("rose", "borrowed", False,
                           "+ borrowed serving GPUs under dual-slack admission and serving-first memory",
                           "sparse-relayed"),
+    "rose-async": SystemProfile("rose-async", "borrowed", True,
+                                "rose with bounded staleness: borrowed capacity and AReaL-like overlap together",
+                                "sparse-relayed"),
 }
