@@ -155,7 +155,7 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
     if plot_path:
         from rose_core.sim.plot import plot_results
 
-        plot_results(plot_path, scenario.name, results)
+        plot_results(plot_path, scenario, results)
     if as_json:
         click.echo(json.dumps(to_json(scenario, results), indent=2))
         return
