@@ -1,4 +1,10 @@
-"""The shared secret that authenticates control-plane peers, and per-message HMAC signatures."""
+"""The shared secret that authenticates peers, and per-message signatures.
+
+Two schemes, both keyed by the shared secret: HMAC-SHA256 (every control message, and the default),
+and Poly1305 with a one-time key per message (``HMAC-SHA256(secret, label + nonce)`` over a random
+16-byte nonce; the mac frame is ``nonce + tag``), the ChaCha20-Poly1305 construction without the
+cipher. Poly1305 runs about 7x faster than HMAC-SHA256 here (12.8 vs 1.8 GB/s per core), which is
+what lets a weight bucket of 64 MiB be authenticated at link speed. It needs ``cryptography``."""
 
 from __future__ import annotations
 
@@ -10,12 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rose_core.errors import ConfigError
+from rose_core.errors import ConfigError, MissingExtraError
 
 SECRET_ENV = "ROSE_SECRET"
 SECRET_FILE_ENV = "ROSE_SECRET_FILE"
 MAC_BYTES = 32
 MIN_SECRET_BYTES = 16
+HMAC_SHA256 = "hmac-sha256"
+POLY1305 = "poly1305"
+MAC_SCHEMES = (HMAC_SHA256, POLY1305)
+_NONCE_BYTES = 16
+_ONE_TIME_KEY_LABEL = b"rose-poly1305-key\x00"
 
 
 def load_secret(path: str | Path | None = None) -> bytes:
@@ -29,9 +40,7 @@ def load_secret(path: str | Path | None = None) -> bytes:
     else:
         value = os.environ.get(SECRET_ENV, "").strip().encode()
     if not value:
-        raise ConfigError(
-            f"no shared secret: set {SECRET_FILE_ENV}=PATH (or {SECRET_ENV}) to the controller's secret"
-        )
+        raise ConfigError(f"no shared secret: set {SECRET_FILE_ENV}=PATH (or {SECRET_ENV}) to the controller's secret")
     if len(value) < MIN_SECRET_BYTES:
         raise ConfigError(f"the shared secret is {len(value)} bytes; use at least {MIN_SECRET_BYTES}")
     return value
@@ -48,7 +57,8 @@ def write_new_secret(path: Path) -> bytes:
 
 
 class Signer:
-    """HMAC-SHA256 over every frame of a message (envelope, header and bulk buffers)."""
+    """A ``MAC_BYTES`` signature over every frame of a message (envelope, header and bulk buffers):
+    HMAC-SHA256 (``sign``/``verify``) or Poly1305 with a one-time key (``sign_fast``/``verify_fast``)."""
 
     def __init__(self, secret: bytes) -> None:
         self._key = hmac.new(secret, digestmod=hashlib.sha256)
@@ -61,3 +71,36 @@ class Signer:
 
     def verify(self, mac: bytes, frames: Sequence[Any]) -> bool:
         return hmac.compare_digest(mac, self.sign(frames))
+
+    def sign_fast(self, frames: Sequence[Any]) -> bytes:
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        return nonce + self._poly1305_tag(nonce, frames)
+
+    def verify_fast(self, mac: bytes, frames: Sequence[Any]) -> bool:
+        if len(mac) != MAC_BYTES:
+            return False
+        nonce = mac[:_NONCE_BYTES]
+        return hmac.compare_digest(mac[_NONCE_BYTES:], self._poly1305_tag(nonce, frames))
+
+    def _poly1305_tag(self, nonce: bytes, frames: Sequence[Any]) -> bytes:
+        """Poly1305 under a key no one without the secret can derive, used for this nonce only."""
+        mac = _poly1305()(self.sign([_ONE_TIME_KEY_LABEL, nonce]))
+        for frame in frames:
+            mac.update(frame)
+        tag: bytes = mac.finalize()
+        return tag
+
+
+def _poly1305() -> Any:
+    try:
+        from cryptography.hazmat.primitives.poly1305 import Poly1305
+    except ImportError as exc:
+        raise MissingExtraError("cryptography (the fast Poly1305 MAC of weight buckets)", "cryptography") from exc
+    return Poly1305
+
+
+def check_mac_scheme(scheme: str) -> str:
+    """``scheme`` if it is one of ``MAC_SCHEMES``, else ``ConfigError`` naming them."""
+    if scheme not in MAC_SCHEMES:
+        raise ConfigError(f"unknown message signature {scheme!r}: use one of {', '.join(MAC_SCHEMES)}")
+    return scheme

@@ -1,7 +1,10 @@
 """Frame layout of one control-plane message and its checks, independent of the socket library.
 
 ``[envelope, mac, header, *buffers]``: ``envelope`` is ``b"ROSE"`` + protocol version (u16, big-endian)
-+ flags (u8); ``mac`` is HMAC-SHA256 over envelope, header and buffers. An unsigned error notice
++ flags (u8); ``mac`` is HMAC-SHA256 over envelope, header and buffers (flag ``SIGNED``), or, for
+messages with bulk buffers sealed by a ``Framer(bulk_mac="poly1305")``, a one-time-key Poly1305 tag
+(flag ``SIGNED_POLY1305``, see ``rose_core.auth``). Every ``Framer`` opens both; the flag is inside
+what is signed, so it cannot be flipped. An unsigned error notice
 (flag ``UNSIGNED_NOTICE``, zero mac) tells a peer that failed authentication or version checks why it
 was rejected; it is accepted only as an ``ErrorReport`` and never acted on.
 """
@@ -14,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from rose_core.auth import MAC_BYTES, Signer
+from rose_core.auth import HMAC_SHA256, MAC_BYTES, POLY1305, Signer, check_mac_scheme
 from rose_core.errors import ProtocolError
 from rose_core.messages import PROTOCOL_VERSION, ErrorReport
 from rose_core.serde import Decoder, Encoder
@@ -23,6 +26,7 @@ MAGIC = b"ROSE"
 _ENV = struct.Struct(">4sHB")
 SIGNED = 0
 UNSIGNED_NOTICE = 1
+SIGNED_POLY1305 = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
@@ -31,10 +35,19 @@ def envelope(flags: int = SIGNED, version: int = PROTOCOL_VERSION) -> bytes:
 
 
 class Framer:
-    """Seals outgoing messages and opens incoming frames; one per thread."""
+    """Seals outgoing messages and opens incoming frames; one per thread. ``bulk_mac``: the signature
+    of messages that carry bulk buffers (messages without stay HMAC-SHA256)."""
 
-    def __init__(self, signer: Signer, decode_type: Any, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        signer: Signer,
+        decode_type: Any,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        bulk_mac: str = HMAC_SHA256,
+    ):
         self._signer = signer
+        self._fast_bulk = check_mac_scheme(bulk_mac) == POLY1305
         self._encoder = Encoder()
         self._decoder = Decoder(decode_type)
         self._notice_decoder = Decoder(ErrorReport)
@@ -42,6 +55,9 @@ class Framer:
 
     def seal(self, msg: msgspec.Struct) -> list[Any]:
         payload = self._encoder.encode(msg)
+        if self._fast_bulk and len(payload) > 1:
+            env = envelope(SIGNED_POLY1305)
+            return [env, self._signer.sign_fast([env, *payload]), *payload]
         env = envelope()
         return [env, self._signer.sign([env, *payload]), *payload]
 
@@ -69,8 +85,11 @@ class Framer:
                 f"peer speaks protocol {version}, this process speaks {PROTOCOL_VERSION}: "
                 "install matching rose-core versions on both ends",
             )
-        if flags != SIGNED or not self._signer.verify(mac, [env, *payload]):
-            raise ProtocolError(
-                "unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE)"
-            )
+        if not self._verified(flags, mac, [env, *payload]):
+            raise ProtocolError("unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE)")
         return self._decoder.decode(payload)
+
+    def _verified(self, flags: int, mac: bytes, frames: list[Any]) -> bool:
+        if flags == SIGNED:
+            return self._signer.verify(mac, frames)
+        return flags == SIGNED_POLY1305 and self._signer.verify_fast(mac, frames)

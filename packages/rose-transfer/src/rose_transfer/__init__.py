@@ -7,12 +7,14 @@ from rose_transfer.fetched_version import FetchedVersion, load_arrays
 from rose_transfer.fetcher import WeightFetcher
 from rose_transfer.manifest import DEFAULT_BUCKET_BYTES, FlatVersion, flatten, tensor_views
 from rose_transfer.publisher import DensePublisher
+from rose_transfer.resident_weights import ResidentWeights
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "DensePublisher",
     "FetchedVersion",
     "FlatVersion",
+    "ResidentWeights",
     "TransferError",
     "WeightFetcher",
     "__version__",

@@ -1,6 +1,7 @@
-"""What one benchmark receiver does: fetch a version (some way) into a file, then copy its own slice of
-every tensor out of it into its weight buffers (allocated once and reused, as an engine's weights are).
-Each run's slices are then reduced to xxh64 digests, compared after the timing."""
+"""What one benchmark receiver does: fetch a version (some way) into the weights it holds in memory
+(``ResidentWeights``), then copy its own slice of every tensor out of them into its weight buffers
+(allocated once and reused, as an engine's weights are). Both systems do exactly this; neither writes
+a file. Each run's slices are then reduced to xxh64 digests, compared after the timing."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import xxhash
 
 from rose_core.messages import TensorEntry
-from rose_transfer.fetched_version import FetchedVersion
+from rose_transfer.fetched_version import FetchedInMemory
+from rose_transfer.resident_weights import ResidentWeights
 from rose_transfer.shard_plan import CopySegment, assemble, receiver_segments
 
 
@@ -51,15 +52,15 @@ class ReceiverRun:
     digests: dict[str, str] = field(default_factory=dict)  # of its slices, filled after the timing
 
 
-async def fetch_and_trim(name: str, fetch: Callable[[], Awaitable[FetchedVersion]], slicer: Slicer) -> ReceiverRun:
+async def fetch_and_trim(
+    name: str, fetch: Callable[[], Awaitable[FetchedInMemory]], held: ResidentWeights, slicer: Slicer
+) -> ReceiverRun:
     started = time.perf_counter()
     fetched = await fetch()
-    await asyncio.to_thread(_trim_file, Path(fetched.path), slicer)
+    await asyncio.to_thread(_trim_held, held, slicer)
     return ReceiverRun(name, fetched.bytes_received, time.perf_counter() - started)
 
 
-def _trim_file(path: Path, slicer: Slicer) -> dict[str, np.ndarray]:
-    """Trim straight from a read-only map of the file (read faults of cached pages are cheap)."""
-    if not path.stat().st_size:
-        return slicer.trim(np.zeros(0, dtype=np.uint8))
-    return slicer.trim(np.memmap(path, dtype=np.uint8, mode="r"))
+def _trim_held(held: ResidentWeights, slicer: Slicer) -> dict[str, np.ndarray]:
+    with held.lock:
+        return slicer.trim(held.stream)

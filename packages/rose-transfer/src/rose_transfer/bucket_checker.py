@@ -1,4 +1,4 @@
-"""Verifies received bucket replies on worker threads (HMAC and xxhash64), so the event loop keeps
+"""Verifies received bucket replies on worker threads (signature and xxhash64), so the event loop keeps
 receiving the next bucket meanwhile; hashlib releases the GIL while it hashes."""
 
 from __future__ import annotations
@@ -51,15 +51,7 @@ class BucketChecker:
         ``region`` (uint8, the bucket's size) is the buffer the bulk frame may have landed in; a patch
         is applied there to this bucket of ``base`` (the held version). Raises ``BucketCorrupt`` (pull
         it again) or ``TransferError`` (the publisher refused)."""
-        try:
-            reply = self._framer().open(frames)
-        except ProtocolError as exc:
-            REJECTED_MESSAGES.labels(exc.reason).inc()
-            raise BucketCorrupt(f"reply rejected, {exc.reason}") from None
-        if isinstance(reply, ErrorReport):
-            raise TransferError(f"the weight publisher refused bucket {info.index}: {reply.message}")
-        if not isinstance(reply, BucketData) or (reply.version, reply.index) != (version, info.index):
-            raise BucketCorrupt("reply for another request")
+        reply = open_bucket_reply(self._framer(), frames, version, info)
         data = reply.data if reply.encoding == DENSE else self._decoded(reply, info, region, base)
         if data.nbytes != info.nbytes or bucket_checksum(data) != info.checksum:
             raise BucketCorrupt("checksum mismatch")
@@ -77,3 +69,17 @@ class BucketChecker:
             raise BucketCorrupt(f"patch does not apply ({exc})") from None
         except MissingExtraError as exc:
             raise TransferError(str(exc)) from None
+
+
+def open_bucket_reply(framer: Framer, frames: list[Any], version: int, info: BucketInfo) -> BucketData:
+    """The verified ``BucketData`` answering a request for bucket ``info`` of ``version``."""
+    try:
+        reply = framer.open(frames)
+    except ProtocolError as exc:
+        REJECTED_MESSAGES.labels(exc.reason).inc()
+        raise BucketCorrupt(f"reply rejected, {exc.reason}") from None
+    if isinstance(reply, ErrorReport):
+        raise TransferError(f"the weight publisher refused bucket {info.index}: {reply.message}")
+    if not isinstance(reply, BucketData) or (reply.version, reply.index) != (version, info.index):
+        raise BucketCorrupt("reply for another request")
+    return reply

@@ -88,6 +88,16 @@ def decode_bucket(encoding: str, payload: Any, base: np.ndarray | None, out: np.
     return target
 
 
+def unpack_payload(encoding: str, payload: Any, nbytes: int) -> tuple[str, np.ndarray]:
+    """``(DENSE or PATCH, uint8 payload)`` of a bucket of ``nbytes``, decompressed if it was."""
+    kind = encoding.removesuffix(ZSTD_SUFFIX)
+    if kind not in (DENSE, PATCH):
+        raise CodecError(f"unknown bucket encoding {encoding!r}: install the same rose-transfer on both ends")
+    if encoding.endswith(ZSTD_SUFFIX):
+        return kind, _decompressed(payload, limit=nbytes + _DECOMPRESS_SLACK)
+    return kind, np.frombuffer(payload, dtype=np.uint8)
+
+
 def _bytes_of(buffer: np.ndarray) -> np.ndarray:
     if not buffer.flags.c_contiguous:
         raise ValueError("bucket buffers must be C-contiguous")

@@ -21,8 +21,8 @@ class FetchProgress:
     retries: dict[int, int] = field(default_factory=dict)
     bytes_received: int = 0
     wanted: frozenset[int] | None = None  # the buckets to pull (a shard's); None: all
-    base: BaseFile | None = None  # the file of ``have_version``, for patches
-    base_buckets: frozenset[int] = frozenset()  # the buckets of ``base`` that hold valid bytes
+    base: BaseFile | None = None  # the file of ``have_version``, for patches (a file fetch)
+    base_buckets: frozenset[int] = frozenset()  # the buckets of ``have_version`` held, valid: patch bases
     dense_only: set[int] = field(default_factory=set)  # buckets whose patch failed: pulled dense
     sources: list[str] = field(default_factory=list)  # where to pull from, in order (relay, then source)
 
@@ -32,7 +32,7 @@ class FetchProgress:
 
     def bucket_base(self, index: int) -> int:
         """The version a bucket is asked against: ours if we hold its bytes, else -1 (dense)."""
-        usable = self.base is not None and index in self.base_buckets and index not in self.dense_only
+        usable = index in self.base_buckets and index not in self.dense_only
         return self.have_version if usable else -1
 
     @property

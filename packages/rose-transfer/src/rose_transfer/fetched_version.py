@@ -31,3 +31,13 @@ def load_arrays(fetched: FetchedVersion) -> dict[str, np.ndarray]:
     size = fetched.path.stat().st_size
     stream = np.memmap(fetched.path, dtype=np.uint8, mode="c", shape=(size,)) if size else np.empty(0, np.uint8)
     return tensor_views(stream, fetched.entries)
+
+
+@dataclass(slots=True, frozen=True)
+class FetchedInMemory:
+    """A version applied to ``ResidentWeights``: bytes received, seconds, buckets patched in place."""
+
+    version: int
+    bytes_received: int
+    seconds: float
+    patched_buckets: int

@@ -1,7 +1,9 @@
-"""``WeightFetcher``: pulls an announced weight version into a file, whole or not at all.
+"""``WeightFetcher``: pulls an announced weight version into a file (``fetch``) or into weights held in
+memory (``fetch_into``, patches applied in place), whole or not at all.
 
-The version is received into a hidden temp file next to ``dest`` and renamed to ``dest`` only when
-every bucket passed its signature and checksum. A corrupt bucket is pulled again (bounded); a dropped
+``fetch`` receives the version into a hidden temp file next to ``dest`` and renames it to ``dest`` only
+when every bucket passed its signature and checksum; ``fetch_into`` stages it and applies it under the
+target's lock with an undo log (``resident_commit``). A corrupt bucket is pulled again (bounded); a dropped
 connection is re-opened and the fetch resumes with the buckets still missing (bounded, reset whenever
 a connection makes progress).
 """
@@ -19,16 +21,20 @@ from rose_core.errors import ConfigError, ProtocolError
 from rose_core.messages import WeightAnnounce
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_transfer.bucket_buffers import BucketBuffers
-from rose_transfer.bucket_checker import BucketChecker
+from rose_transfer.bucket_sink import BucketSink
 from rose_transfer.errors import TransferError
 from rose_transfer.fetch_progress import FetchProgress
-from rose_transfer.fetched_version import FetchedVersion
+from rose_transfer.fetched_version import FetchedInMemory, FetchedVersion
+from rose_transfer.file_sink import FileSink
 from rose_transfer.held_bases import HeldBases
 from rose_transfer.manifest import check_manifest
+from rose_transfer.memory_sink import MemorySink
 from rose_transfer.metrics import FETCH_SECONDS, RECEIVED_BYTES, RECONNECTS
 from rose_transfer.partial_file import PartialFile
+from rose_transfer.resident_commit import commit
+from rose_transfer.resident_weights import ResidentWeights
 from rose_transfer.tcp_address import parse_source
-from rose_transfer.transfer_client import REPLY_OVERHEAD, TransferClient
+from rose_transfer.transfer_client import TransferClient
 from rose_transfer.ucx_address import UCX_SCHEME, parse_ucx_source
 
 log = logging.getLogger(__name__)
@@ -78,23 +84,21 @@ class WeightFetcher:
         (a shard's; the rest of the file stays zero). ``relay``: pull through this relay
         (``tcp://host:port``), falling back to ``announce.source`` when it fails."""
         started = time.perf_counter()
-        progress = FetchProgress(announce, have_version, self.max_bucket_retries)
-        progress.wanted = None if buckets is None else frozenset(buckets)
-        progress.sources = [s for s in (relay, announce.source) if s]
+        progress = self._progress(announce, have_version, buckets, relay)
+        sink = FileSink(self._secret, progress, Path(dest), self.bases, self.buffers, self.window)
         try:
-            await self._fetch_with_reconnects(progress, Path(dest))
+            await self._fetch_with_reconnects(progress, sink)
             if progress.file is None or progress.manifest is None:
                 raise RuntimeError("a finished fetch has its file and manifest")
             path = self._commit(progress.file, announce.version)
             self.bases.record(path, progress.manifest, frozenset(progress.done))
         finally:
+            sink.close()
             if progress.base is not None:
                 progress.base.close()
             if progress.file is not None and progress.file.temp.exists():
                 progress.file.discard()
-        seconds = time.perf_counter() - started
-        FETCH_SECONDS.observe(seconds)
-        log.info("fetched weight version %d (%d bytes) in %.2f s", announce.version, progress.bytes_received, seconds)
+        seconds = self._finished(progress, started)
         return FetchedVersion(
             version=announce.version,
             path=path,
@@ -103,6 +107,50 @@ class WeightFetcher:
             seconds=seconds,
             digest=progress.manifest.digest,
         )
+
+    async def fetch_into(
+        self,
+        announce: WeightAnnounce,
+        target: ResidentWeights,
+        *,
+        buckets: Iterable[int] | None = None,
+        relay: str | None = None,
+    ) -> FetchedInMemory:
+        """Apply ``announce.version`` to the weights ``target`` holds in memory, whole or not at all.
+
+        If ``target`` holds a version in the same layout, buckets come as patches against it (from a
+        sparse publisher) and are written in place (O(changes)); otherwise this is a full sync. A
+        bucket whose patched checksum fails rolls the whole version back and is pulled again, dense.
+        On any error ``target`` still holds its previous version, bit for bit."""
+        started = time.perf_counter()
+        progress = self._progress(announce, target.version, buckets, relay)
+        sink = MemorySink(self._secret, target, progress, self.window)
+        try:
+            await self._fetch_with_reconnects(progress, sink)
+            while failed := await asyncio.to_thread(_commit_staged, sink, progress):
+                for index in failed:
+                    progress.done.discard(index)
+                    progress.corrupt(index, "checksum mismatch after patching in place")
+                await self._fetch_with_reconnects(progress, sink)
+        finally:
+            sink.close()
+        seconds = self._finished(progress, started)
+        return FetchedInMemory(announce.version, progress.bytes_received, seconds, len(sink.patches))
+
+    def _progress(
+        self, announce: WeightAnnounce, have_version: int, buckets: Iterable[int] | None, relay: str | None
+    ) -> FetchProgress:
+        progress = FetchProgress(announce, have_version, self.max_bucket_retries)
+        progress.wanted = None if buckets is None else frozenset(buckets)
+        progress.sources = [s for s in (relay, announce.source) if s]
+        return progress
+
+    @staticmethod
+    def _finished(progress: FetchProgress, started: float) -> float:
+        seconds = time.perf_counter() - started
+        FETCH_SECONDS.observe(seconds)
+        log.info("fetched weight version %d (%d bytes) in %.2f s", progress.version, progress.bytes_received, seconds)
+        return seconds
 
     def _commit(self, file: PartialFile, version: int) -> Path:
         try:
@@ -113,12 +161,12 @@ class WeightFetcher:
                 "fix the weights directory"
             ) from exc
 
-    async def _fetch_with_reconnects(self, progress: FetchProgress, dest: Path) -> None:
+    async def _fetch_with_reconnects(self, progress: FetchProgress, sink: BucketSink) -> None:
         failures = 0
         while True:
             done_before = len(progress.done)
             try:
-                await self._fetch_on_one_connection(progress, dest)
+                await self._fetch_on_one_connection(progress, sink)
                 return
             except (OSError, TimeoutError, ProtocolError) as exc:
                 if isinstance(exc, ProtocolError):
@@ -138,7 +186,7 @@ class WeightFetcher:
                 RECONNECTS.inc()
                 await asyncio.sleep(min(0.05 * 2**failures, 2.0))
 
-    async def _fetch_on_one_connection(self, progress: FetchProgress, dest: Path) -> None:
+    async def _fetch_on_one_connection(self, progress: FetchProgress, sink: BucketSink) -> None:
         announce = progress.announce
         source = progress.source
         host, port = parse_ucx_source(source) if source.startswith(UCX_SCHEME) else parse_source(source)
@@ -149,22 +197,19 @@ class WeightFetcher:
             if progress.manifest is None:
                 manifest = await client.fetch_manifest(announce.version, progress.have_version, self.receiver_id)
                 check_manifest(manifest, version=announce.version, digest=announce.manifest_digest)
-                progress.file = PartialFile(dest, manifest.total_bytes)
                 progress.manifest = manifest
-                held = self.bases.usable(progress.have_version, manifest)
-                if held is not None:
-                    progress.base, progress.base_buckets = held
-            checker = BucketChecker(self._secret, progress.manifest.bucket_bytes + REPLY_OVERHEAD)
-            try:
-                largest = max((b.nbytes for b in progress.manifest.buckets), default=0)
-                with self.buffers.lend(self.window, largest) as buffers:
-                    await client.pull(progress, checker, buffers, self.receiver_id)
-            finally:
-                checker.close()
+                sink.prepare(manifest)
+            await client.pull(progress, sink, self.receiver_id)
         finally:
             progress.bytes_received += client.bytes_received
             RECEIVED_BYTES.inc(client.bytes_received)
             client.close()
+
+
+def _commit_staged(sink: MemorySink, progress: FetchProgress) -> list[int]:
+    if progress.manifest is None:
+        raise RuntimeError("a finished fetch has its manifest")
+    return commit(sink.target, progress.manifest, sink.patches, sink.dense, sink.staging)
 
 
 def _describe(exc: BaseException) -> str:

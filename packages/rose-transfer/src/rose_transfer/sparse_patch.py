@@ -12,6 +12,7 @@ Encoding and decoding run chunk by chunk so that every intermediate array stays 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,22 +156,32 @@ def _bitmap(changes: _Changes, n_words: int) -> np.ndarray:
     return np.packbits(mask, bitorder="little")
 
 
+@dataclass(slots=True, frozen=True)
+class ParsedPatch:
+    """A patch payload cut into its sections (checked against the bucket size, not yet decoded)."""
+
+    word_bytes: int
+    kind: int
+    count: int
+    n_words: int
+    positions: np.ndarray  # varints or bitmap (uint8)
+    values: np.ndarray  # the new words
+    tail: np.ndarray  # the bucket's last ``nbytes % word_bytes`` bytes
+
+
 def apply_patch(payload: np.ndarray, base: np.ndarray, out: np.ndarray) -> None:
     """Write ``base`` patched by ``payload`` into ``out`` (uint8; ``out`` may be ``base`` itself)."""
-    word_bytes, kind, count, n_words, sections = _parse(payload, base.nbytes)
-    positions_data, values_data, tail = sections
+    patch = parse_patch(payload, base.nbytes)
     if out is not base:
         out[:] = base
-    out_words = word_view(out, word_bytes)
-    values = values_data.view(WORD_DTYPES[word_bytes])
-    if kind == _BITMAP:
-        _scatter_bitmap_positions(positions_data, count, n_words, values, out_words)
-    else:
-        _scatter_varint_positions(positions_data, count, n_words, values, out_words)
-    out[n_words * word_bytes :] = tail
+    out_words = word_view(out, patch.word_bytes)
+    for positions, values in patch_blocks(patch):
+        out_words[positions] = values
+    out[patch.n_words * patch.word_bytes :] = patch.tail
 
 
-def _parse(payload: np.ndarray, base_bytes: int) -> tuple[int, int, int, int, tuple[np.ndarray, ...]]:
+def parse_patch(payload: np.ndarray, base_bytes: int) -> ParsedPatch:
+    """The sections of ``payload`` for a bucket of ``base_bytes``; ``PatchError`` if they do not fit."""
     if payload.nbytes < HEADER.size:
         raise PatchError(f"patch of {payload.nbytes} bytes is shorter than its header")
     magic, fmt, word_bytes, kind, nbytes, count, position_bytes = HEADER.unpack(payload[: HEADER.size].tobytes())
@@ -183,17 +194,28 @@ def _parse(payload: np.ndarray, base_bytes: int) -> tuple[int, int, int, int, tu
     if payload.nbytes != HEADER.size + position_bytes + value_bytes + nbytes - n_words * word_bytes:
         raise PatchError(f"patch of {payload.nbytes} bytes does not match its header")
     values_at = HEADER.size + position_bytes
-    sections = (
-        payload[HEADER.size : values_at],
-        payload[values_at : values_at + value_bytes],
-        payload[values_at + value_bytes :],
+    return ParsedPatch(
+        word_bytes=word_bytes,
+        kind=kind,
+        count=count,
+        n_words=n_words,
+        positions=payload[HEADER.size : values_at],
+        values=payload[values_at : values_at + value_bytes].view(WORD_DTYPES[word_bytes]),
+        tail=payload[values_at + value_bytes :],
     )
-    return word_bytes, kind, count, n_words, sections
 
 
-def _scatter_bitmap_positions(
-    data: np.ndarray, count: int, n_words: int, values: np.ndarray, out_words: np.ndarray
-) -> None:
+def patch_blocks(patch: ParsedPatch) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(word positions, new words)`` block by block, every block checked before it is yielded
+    (a corrupt block raises ``PatchError``; earlier blocks were already yielded)."""
+    if patch.kind == _BITMAP:
+        return _bitmap_blocks(patch.positions, patch.count, patch.n_words, patch.values)
+    return _varint_blocks(patch.positions, patch.count, patch.n_words, patch.values)
+
+
+def _bitmap_blocks(
+    data: np.ndarray, count: int, n_words: int, values: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     if data.nbytes != (n_words + 7) // 8:
         raise PatchError("patch bitmap does not match the bucket size")
     done = 0
@@ -203,15 +225,16 @@ def _scatter_bitmap_positions(
         positions = np.flatnonzero(bits.view(bool))  # nonzero is several times faster on booleans
         if done + positions.size > count:
             raise PatchError(f"patch bitmap marks more words than its header's {count}")
-        out_words[first:last][positions] = values[done : done + positions.size]
+        if positions.size:
+            yield positions + first, values[done : done + positions.size]
         done += positions.size
     if done != count:
         raise PatchError(f"patch bitmap marks {done} words, its header {count}")
 
 
-def _scatter_varint_positions(
-    data: np.ndarray, count: int, n_words: int, values: np.ndarray, out_words: np.ndarray
-) -> None:
+def _varint_blocks(
+    data: np.ndarray, count: int, n_words: int, values: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     ends = np.flatnonzero(data < 0x80)
     if ends.size != count or (count and ends[-1] != data.size - 1) or (not count and data.size):
         raise PatchError(f"patch positions hold {ends.size} varints, its header says {count}")
@@ -228,5 +251,5 @@ def _scatter_varint_positions(
         positions = previous + np.cumsum(gaps.astype(np.int64) + 1)
         if positions[-1] >= n_words:
             raise PatchError("patch positions run past the bucket")
-        out_words[positions] = values[first:last]
+        yield positions, values[first:last]
         previous, start = int(positions[-1]), stop

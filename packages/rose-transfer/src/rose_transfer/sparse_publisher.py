@@ -7,6 +7,7 @@ dense version: a full sync. ``WeightFetcher`` handles both transparently."""
 
 from __future__ import annotations
 
+from rose_core.auth import POLY1305
 from rose_core.errors import ConfigError
 from rose_transfer.manifest import DEFAULT_BUCKET_BYTES
 from rose_transfer.publisher import DensePublisher
@@ -22,6 +23,7 @@ class SparsePublisher(DensePublisher):
         keep_versions: int = 2,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         publisher_id: str = "",
+        bulk_mac: str = POLY1305,
     ) -> None:
         if keep_versions < 2:
             raise ConfigError(
@@ -35,4 +37,5 @@ class SparsePublisher(DensePublisher):
             bucket_bytes=bucket_bytes,
             publisher_id=publisher_id,
             sparse=True,
+            bulk_mac=bulk_mac,
         )

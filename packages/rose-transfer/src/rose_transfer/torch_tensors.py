@@ -6,11 +6,13 @@ asks for torch tensors back; installing rose-transfer never pulls torch (it is t
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rose_core.errors import MissingExtraError
+from rose_core.errors import MissingExtraError, RoseError
 from rose_transfer.dtypes import RAW_DTYPES, storage_dtype
 
 try:
@@ -20,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 if TYPE_CHECKING:
     from rose_transfer.fetched_version import FetchedVersion
+    from rose_transfer.resident_weights import ResidentWeights
 
 
 def _raw_name(dtype: torch.dtype) -> str:
@@ -64,3 +67,35 @@ def load_tensors(fetched: FetchedVersion) -> list[tuple[str, torch.Tensor]]:
 def describe(tensor: torch.Tensor) -> tuple[str, list[int], int]:
     """``(dtype name, shape, nbytes)`` of a tensor, without copying it."""
     return _raw_name(tensor.dtype), [int(n) for n in tensor.shape], tensor.numel() * tensor.element_size()
+
+
+def resident_state_dict(target: ResidentWeights) -> dict[str, torch.Tensor]:
+    """The resident version as a state dict of tensors that share the target's memory: every version
+    ``WeightFetcher.fetch_into`` applies later shows in them, in place (the target is pinned)."""
+    if target.manifest is None:
+        raise RoseError("these resident weights hold no version yet: fetch_into one first")
+    dtypes = {entry.name: entry.dtype for entry in target.manifest.tensors}
+    target.pinned = True
+    return {name: as_tensor(array, dtypes[name]) for name, array in target.arrays().items()}
+
+
+def bind_module(module: torch.nn.Module, target: ResidentWeights, names: Mapping[str, str] | None = None) -> list[str]:
+    """Make the parameters and buffers of ``module`` views of the resident version, so every later
+    version lands in the module in place (O(changes) for patches). ``names`` maps a module name to
+    its name in the version (default: the same). Returns the bound names; shapes and dtypes must match.
+    The target is pinned: its memory is never swapped from under the module afterwards."""
+    tensors = resident_state_dict(target)
+    bound = []
+    with torch.no_grad():
+        for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+            source = tensors.get((names or {}).get(name, name))
+            if source is None:
+                continue
+            if source.shape != tensor.shape or source.dtype != tensor.dtype:
+                raise RoseError(
+                    f"{name}: the version holds {source.dtype} {list(source.shape)}, the module "
+                    f"{tensor.dtype} {list(tensor.shape)}: bind a module of the published model"
+                )
+            tensor.data = source
+            bound.append(name)
+    return bound

@@ -1,7 +1,7 @@
 """The receiver's side of the weight channel: one authenticated connection to a publisher.
 
 ``pull`` keeps up to ``window`` buckets requested-but-unverified (the bound that gives backpressure),
-receives each bucket's bytes straight into its place in the destination file, and verifies it on a
+receives each bucket's bytes straight into the place its ``BucketSink`` names, and verifies it on a
 worker thread while the next one arrives. Failed buckets go back to the queue; what is verified is
 recorded in the ``FetchProgress``, so a new connection resumes with only the missing buckets.
 """
@@ -12,8 +12,6 @@ import asyncio
 import socket
 from collections import deque
 from typing import Any
-
-import numpy as np
 
 from rose_core.auth import Signer
 from rose_core.errors import ProtocolError
@@ -28,14 +26,13 @@ from rose_core.messages import (
 )
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer import __version__
-from rose_transfer.bucket_checker import BucketChecker
+from rose_transfer.bucket_sink import BucketSink
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch_progress import FetchProgress
+from rose_transfer.file_sink import REPLY_OVERHEAD
 from rose_transfer.frame_connection import FrameConnection
 from rose_transfer.frame_socket import FrameSocket
 from rose_transfer.metrics import BUCKET_RETRIES
-
-REPLY_OVERHEAD = 1024 * 1024
 
 
 class TransferClient:
@@ -107,55 +104,51 @@ class TransferClient:
             raise TransferError(f"{self.source} answered a manifest request with {type(reply).__name__}")
         return reply
 
-    async def pull(
-        self, progress: FetchProgress, checker: BucketChecker, buffers: list[np.ndarray], receiver_id: str
-    ) -> None:
-        """Pull every bucket ``progress`` misses, keeping at most ``len(buffers)`` in flight (each lands
-        in a free buffer, is verified on a worker thread and written to the file); returns when all are."""
-        manifest, file = progress.manifest, progress.file
-        if manifest is None or file is None:
-            raise RuntimeError("pull needs the manifest and the destination file first")
+    async def pull(self, progress: FetchProgress, sink: BucketSink, receiver_id: str) -> None:
+        """Pull every bucket ``progress`` misses, keeping at most ``sink.window`` requested or being
+        verified (each lands where ``sink`` says and is accepted on its worker threads)."""
+        manifest = progress.manifest
+        if manifest is None:
+            raise RuntimeError("pull needs the manifest first")
         loop = asyncio.get_running_loop()
         limit = manifest.bucket_bytes + REPLY_OVERHEAD
         pending = deque(progress.missing())
-        free = deque(buffers)
         requested: deque[int] = deque()
-        checks: dict[asyncio.Future[None], tuple[int, np.ndarray]] = {}
+        checks: dict[asyncio.Future[None], tuple[int, Any]] = {}
         try:
             while pending or requested or checks:
-                while pending and len(requested) < len(free):
+                while pending and len(requested) + len(checks) < sink.window:
                     index = pending.popleft()
-                    request = FetchBucket(
-                        version=progress.version,
-                        index=index,
-                        have_version=progress.bucket_base(index),
-                        receiver_id=receiver_id,
-                    )
-                    await self._conn.send(self._framer.seal(request))
+                    await self._conn.send(self._framer.seal(_bucket_request(progress, index, receiver_id)))
                     requested.append(index)
                 if requested:
                     info = manifest.buckets[requested.popleft()]
-                    buffer = free.popleft()
-                    region = buffer.data[: info.nbytes]
-                    frames = await self._conn.recv(limit, bulk_into=region, idle_timeout=self._timeout)
-                    base = progress.base if progress.bucket_base(info.index) >= 0 else None
-                    future = loop.run_in_executor(
-                        checker.pool, checker.check, frames, progress.version, info, buffer[: info.nbytes], base, file
-                    )
-                    checks[future] = (info.index, buffer)
+                    token, region = sink.landing(info)
+                    try:
+                        frames = await self._conn.recv(limit, bulk_into=region, idle_timeout=self._timeout)
+                    except BaseException:
+                        sink.release(token)
+                        raise
+                    checks[loop.run_in_executor(sink.pool, sink.accept, frames, info, token)] = (info.index, token)
                     del frames, region
-                await _harvest(progress, checks, pending, free, block=not requested)
+                await _harvest(progress, sink, checks, pending, block=not requested)
         finally:
             if checks:
                 await asyncio.wait(checks)
-                await _harvest(progress, checks, pending, free, block=False)
+                await _harvest(progress, sink, checks, pending, block=False)
+
+
+def _bucket_request(progress: FetchProgress, index: int, receiver_id: str) -> FetchBucket:
+    return FetchBucket(
+        version=progress.version, index=index, have_version=progress.bucket_base(index), receiver_id=receiver_id
+    )
 
 
 async def _harvest(
     progress: FetchProgress,
-    checks: dict[asyncio.Future[None], tuple[int, np.ndarray]],
+    sink: BucketSink,
+    checks: dict[asyncio.Future[None], tuple[int, Any]],
     pending: deque[int],
-    free: deque[np.ndarray],
     *,
     block: bool,
 ) -> None:
@@ -164,8 +157,8 @@ async def _harvest(
         await asyncio.wait(checks, return_when=asyncio.FIRST_COMPLETED)
     error: BaseException | None = None
     for future in [f for f in checks if f.done()]:
-        index, buffer = checks.pop(future)
-        free.append(buffer)
+        index, token = checks.pop(future)
+        sink.release(token)
         exc = future.exception()
         if exc is None:
             progress.done.add(index)

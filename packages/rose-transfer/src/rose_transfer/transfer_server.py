@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from rose_core.auth import Signer
+from rose_core.auth import POLY1305, Signer, check_mac_scheme
 from rose_core.errors import ProtocolError
 from rose_core.messages import (
     BucketData,
@@ -60,6 +60,7 @@ class TransferServer:
         idle_timeout: float = 600.0,
         read_ahead: int = 8,
         sparse: bool = False,
+        bulk_mac: str = POLY1305,
     ) -> None:
         self._secret = secret
         self._store = store
@@ -68,7 +69,7 @@ class TransferServer:
         self._idle_timeout = idle_timeout
         self._read_ahead = read_ahead
         self.sparse = sparse
-        self._sealer = Sealer(secret)
+        self._sealer = Sealer(secret, bulk_mac=check_mac_scheme(bulk_mac))
         self.rejected = 0
         self.connections = 0
 
