@@ -16,6 +16,7 @@ def help_text(*args: str) -> str:
 
 def test_bench_subcommand_and_agent_help() -> None:
     assert "Usage: rose-executor bench" in help_text("bench", "--help")
-    assert "--json" in help_text("bench", "--help")
+    bench = help_text("bench", "--help")
+    assert "--json" in bench and "--repeats" in bench and "--slo-multiple" in bench
     agent = help_text("--help")
     assert "--controller" in agent and "rose-executor bench --help" in agent

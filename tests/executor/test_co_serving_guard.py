@@ -7,7 +7,10 @@ import math
 import pytest
 
 from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel
-from rose_executor.co_serving_guard import CoServingGuard, QueuedTurn, serving_request
+from rose_executor.co_serving import hold_margin_s
+from rose_executor.co_serving_guard import CoServingGuard, QueuedTurn, serving_request, serving_requests
+from rose_executor.colocated_profile import guard_serving_model
+from rose_executor.latency_profile import EngineProfile
 from rose_executor.live_request import LiveRequest
 
 # Serving: 2 ms decode step + 0.1 ms/seq; prefill 5 ms + 20 us/token. Rollout: 1 ms step + 1 ms/seq.
@@ -64,3 +67,36 @@ def test_live_request_rejects_negative_counts() -> None:
     with pytest.raises(ValueError, match="token counts"):
         LiveRequest("x", 0.0, -1, 1, 0, prefilling=True, last_token_s=None)
     assert LiveRequest("y", 0.0, 10, 5, 7, prefilling=False, last_token_s=1.0).reserved_tokens == 17
+
+
+def test_a_burst_is_prefilled_together() -> None:
+    # Two requests of one burst prefill in the same engine steps: each waits for both prompts (minus cache).
+    a = LiveRequest("a", 1.0, 32, 8, 0, prefilling=True, last_token_s=None)
+    b = LiveRequest("b", 1.001, 32, 8, 0, prefilling=True, last_token_s=None, cached_tokens=16)
+    views = serving_requests([a, b, decoding("c", 0.9)])
+    assert [v.remaining_prompt_tokens for v in views] == [48, 48, 0]
+    assert views[2].last_token_at == 0.9
+
+
+def test_a_burst_that_alone_fits_is_held_together() -> None:
+    # 100 ms TTFT budget, 20 ms gone; one 1000-token prompt needs 25 ms, a burst of three 75 ms: plus the
+    # rollout decode step (2 ms) the burst leaves no slack.
+    one = [LiveRequest("s0", 9.98, 1000, 8, 0, prefilling=True, last_token_s=None)]
+    burst = [LiveRequest(f"s{i}", 9.98, 1000, 8, 0, prefilling=True, last_token_s=None) for i in range(3)]
+    tight = CoServingGuard(DualSlackAdmission(AdmissionConfig(0.1, 0.05), SERVING, ROLLOUT))
+    assert tight.decide(10.0, one, ["r1"], []).run_rollout
+    assert not tight.decide(10.0, burst, ["r1"], []).run_rollout
+
+
+def test_guard_predicts_serving_with_the_slower_of_alone_and_colocated() -> None:
+    alone = EngineProfile(key="a", prefill_points=[(16, 0.004), (512, 0.020)], decode_points=[(1, 0.002), (8, 0.003)])
+    beside = EngineProfile(key="c", prefill_points=[(16, 0.009), (512, 0.018)], decode_points=[(1, 0.005), (8, 0.007)])
+    model = guard_serving_model(alone, beside)
+    assert model.prefill_s(16) == pytest.approx(0.009) and model.prefill_s(512) == pytest.approx(0.020)
+    assert model.decode_step_s(1) == pytest.approx(0.005) and model.decode_step_s(8) == pytest.approx(0.007)
+    assert guard_serving_model(alone, None) == alone.latency_model()
+
+
+def test_hold_margin_is_the_rollout_step_a_pause_cannot_stop() -> None:
+    assert hold_margin_s(ROLLOUT, 8) == pytest.approx(0.001 + 8 * 0.001)
+    assert hold_margin_s(ROLLOUT, 0) == pytest.approx(0.002)

@@ -1,9 +1,11 @@
 """The co-serving control tick with the real RolloutRunner and policies, fake engines, simulated time:
-admitted turns start, a vanished slack pauses the rollout engine within the tick, a memory cut aborts."""
+admitted turns start, a vanished slack pauses the rollout engine within the tick, a memory cut aborts, an idle
+policy sits inactive, and the control loop ticks at once on a serving arrival or a submitted turn."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,13 @@ class FakeEngine:
         self.live: list[LiveRequest] = []
         self.calls: list[str] = []
         self.started: list[str] = []
+        self.listeners: list[Callable[[], None]] = []
+
+    def add_activity_listener(self, listener: Callable[[], None]) -> None:
+        self.listeners.append(listener)
+
+    def remove_activity_listener(self, listener: Callable[[], None]) -> None:
+        self.listeners.remove(listener)
 
     def live_requests(self) -> list[LiveRequest]:
         return list(self.live)
@@ -101,3 +110,47 @@ async def test_memory_cut_aborts_the_youngest_and_freezes_until_the_step() -> No
     co.on_step(1)
     assert not memory.frozen and memory.budget_bytes == 30_000
     await co.runner.abort_all("shutdown")
+
+
+async def test_idle_policy_sits_inactive_and_the_first_turn_activates_it() -> None:
+    co, _, rollout, _ = setup()
+    verdict = await co.tick(100.0)  # no turn: loaded but inactive, the engine held, nothing reserved
+    assert verdict.run_rollout and not co.active and co.paused and rollout.calls == ["pause(keep=True)"]
+    assert co.runner.memory_uses() == []
+    co.runner.submit(turn("a"))
+    await co.tick(100.01)
+    await asyncio.sleep(0)
+    assert co.active and not co.paused and rollout.calls[-1] == "resume" and rollout.started == ["a:0"]
+    await co.runner.abort_all("shutdown")
+    await co.tick(100.02)
+    assert not co.active and co.paused and rollout.calls[-1] == "pause(keep=True)"
+
+
+async def settle(condition: Callable[[], bool]) -> None:
+    """Let the event loop run until ``condition`` holds (bounded by iterations, not by time)."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the control loop did not react")
+
+
+async def test_the_loop_ticks_at_once_on_a_submitted_turn_and_on_a_serving_arrival() -> None:
+    co, serving, rollout, _ = setup()
+    co.interval_s = 3600.0  # no periodic tick during the test: only wake-ups
+    loop = asyncio.create_task(co.run(lambda: False))
+    try:
+        await settle(lambda: rollout.calls == ["pause(keep=True)"])  # the first tick: idle, inactive
+        co.runner.submit(turn("a"))
+        await settle(lambda: rollout.started == ["a:0"])  # the submission woke the loop
+        assert rollout.calls == ["pause(keep=True)", "resume"]
+        serving.live = [LiveRequest("s", 0.0, 8, 64, 5, prefilling=False, last_token_s=0.0)]  # slack long gone
+        for listener in serving.listeners:  # what VllmEngine calls when a request is added
+            listener()
+        await settle(lambda: rollout.calls[-1] == "pause(keep=True)")
+        assert co.runner.held
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await co.runner.abort_all("shutdown")
+    assert serving.listeners == [] and co.runner.on_submit is None

@@ -109,3 +109,20 @@ async def test_pause_keep_freezes_and_resume_continues(engine: VllmEngine) -> No
     out = await asyncio.wait_for(task, 10)
     assert out.finish_reason in ("length", "stop")
     assert not await engine.is_paused()
+
+
+async def test_activity_listener_hears_every_added_request(engine: VllmEngine) -> None:
+    heard: list[int] = []
+
+    def listener() -> None:
+        heard.append(engine.num_unfinished_requests())
+
+    engine.add_activity_listener(listener)
+    try:
+        await engine.generate("heard-1", PROMPT, GREEDY)
+        await asyncio.gather(*(engine.generate(f"heard-{i}", PROMPT, GREEDY) for i in (2, 3)))
+    finally:
+        engine.remove_activity_listener(listener)
+    assert len(heard) == 3 and heard[0] == 1  # called once the request is in the engine, before it finishes
+    await engine.generate("not-heard", PROMPT, GREEDY)
+    assert len(heard) == 3

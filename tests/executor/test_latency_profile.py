@@ -8,7 +8,7 @@ import pytest
 
 from rose_executor.co_serving import SloBudgets, footprint, memory_budget
 from rose_executor.config import ExecutorConfig, parse_executor_config
-from rose_executor.latency_profile import EngineProfile, _read, _write, profile_key
+from rose_executor.latency_profile import EngineProfile, profile_key, read_cached, write_cached
 
 PROFILE = EngineProfile(key="k", prefill_points=[(16, 0.006), (512, 0.018)], decode_points=[(1, 0.002), (8, 0.0023)])
 
@@ -23,11 +23,11 @@ def test_profile_key_names_model_dtype_and_device(policy_dir: Path, serving_dir:
 
 def test_profile_cache_round_trip_and_stale_key(tmp_path: Path) -> None:
     path = tmp_path / "p" / "k.json"
-    _write(path, PROFILE)
-    assert _read(path, "k") == PROFILE
-    assert _read(path, "another-model") is None
+    write_cached(path, PROFILE)
+    assert read_cached(path, "k") == PROFILE
+    assert read_cached(path, "another-model") is None
     path.write_text("{not json")
-    assert _read(path, "k") is None
+    assert read_cached(path, "k") is None
 
 
 def test_slo_budgets_from_config_or_from_the_profile(policy_dir: Path) -> None:

@@ -38,6 +38,7 @@ from rose_core.messages import (
 )
 from rose_executor import __version__
 from rose_executor.co_serving import CoServing, memory_budget
+from rose_executor.colocated_profile import load_or_profile_colocated
 from rose_executor.config import ExecutorConfig
 from rose_executor.controller_link import ControllerLink
 from rose_executor.latency_profile import load_or_profile
@@ -178,7 +179,8 @@ class ExecutorAgent:
         cfg = self.config
         cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
         profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
-        self._co_serving = CoServing.build(cfg, profiles, (serving, rollout), runner)
+        colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.colocated_profile else None
+        self._co_serving = CoServing.build(cfg, profiles, (serving, rollout), runner, colocated)
         admission = self._co_serving.guard.admission.config
         self._monitor = ServingMonitor(
             admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction, cfg.latency_window_s

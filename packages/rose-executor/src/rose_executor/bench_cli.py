@@ -35,10 +35,17 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
 @click.option("--seconds", default=8.0, show_default=True, type=click.FloatRange(1.0), help="Per configuration.")
 @click.option(
     "--slo-multiple",
-    default=3.0,
+    default=1.5,
     show_default=True,
     type=click.FloatRange(1.0),
-    help="SLOs = this multiple of the worst serving-alone p99.",
+    help="SLOs = this multiple of the serving-alone p99 (first repeat, median over the levels).",
+)
+@click.option(
+    "--repeats",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Runs of the whole sequence; every figure is the median over them (min / max under `spread`).",
 )
 @click.option(
     "--models-dir",
@@ -47,23 +54,28 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
     type=click.Path(file_okay=False),
     help="Where the tiny models are generated (once).",
 )
-def bench(as_json: bool, seconds: float, slo_multiple: float, models_dir: str) -> None:
+def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, models_dir: str) -> None:
     """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load."""
     logging.basicConfig(level="WARNING", stream=sys.stderr)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from rose_executor.co_serving_bench import run_bench
 
-    result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple)))
+    result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple, repeats)))
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"SLO: TTFT {result['slo_ttft_ms']:.1f} ms, TPOT {result['slo_tpot_ms']:.1f} ms")
-    click.echo(f"{'level':8} {'config':10} {'TTFT p99':>10} {'TPOT p99':>10} {'SLO att':>8} {'rollout tok/s':>14}")
+    click.echo(
+        f"SLO ({result['slo_multiple']}x serving-alone p99): TTFT {result['slo_ttft_ms']:.1f} ms, "
+        f"TPOT {result['slo_tpot_ms']:.1f} ms; medians of {result['repeats']} repeats [min-max]"
+    )
+    click.echo(f"{'level':8} {'config':10} {'TTFT p99':>10} {'TPOT p99':>10} {'SLO att':>19} {'rollout tok/s':>14}")
     for level, rows in result["levels"].items():
         for config in ("alone", "unguarded", "guarded"):
-            r = rows[config]
+            r, lo_hi = rows[config], result["spread"][level][config]["slo_attainment"]
             click.echo(
                 f"{level:8} {config:10} {r['serving_ttft_p99_ms']:8.1f}ms {r['serving_tpot_p99_ms']:8.1f}ms "
-                f"{r['slo_attainment']:8.3f} {r['rollout_tokens_per_s']:14.0f}"
+                f"{r['slo_attainment']:6.3f} [{lo_hi[0]:.3f}-{lo_hi[1]:.3f}] {r['rollout_tokens_per_s']:14.0f}"
             )
         click.echo(f"{level:8} harvest_ratio {rows['harvest_ratio']:.2f}")
+    act = result["activation"]["activation_ms"]
+    click.echo(f"activation (inactive -> first rollout token): median {act['median']:.1f} ms, max {act['max']:.1f} ms")

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rose_core.policy import AdmissionConfig, DualSlackAdmission, MemoryPolicyConfig
+from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel, MemoryPolicyConfig
 from rose_executor import metrics
 from rose_executor.co_serving_guard import CoServingGuard, GuardVerdict
+from rose_executor.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
 from rose_executor.latency_profile import EngineProfile
 from rose_executor.model_info import count_parameters, kv_bytes_per_token_of
@@ -49,6 +50,12 @@ class SloBudgets:
         return cls(config.slo_from_profile * ttft_alone, config.slo_from_profile * tpot_alone)
 
 
+def hold_margin_s(rollout: LatencyModel, max_num_seqs: int) -> float:
+    """What a hold cannot stop: the rollout engine's step in flight when the pause lands (a decode step of
+    its full batch, from the profile). Every admission keeps this much slack in reserve."""
+    return rollout.decode_step_s(max(1, max_num_seqs))
+
+
 def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
     """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
     if config.device_memory_bytes <= 0:
@@ -70,7 +77,14 @@ def footprint(model_dir: str, dtype: str) -> ModelFootprint:
 
 
 class CoServing:
-    """The guard and the memory budget of one serving host, driven by ``run`` every ``interval_s``."""
+    """The guard and the memory budget of one serving host, driven by ``run``: every ``interval_s``, and at
+    once when a serving request arrives or finishes or a rollout turn is submitted.
+
+    Inactive / active: while no rollout turn is in flight the policy sits loaded but inactive (the rollout
+    engine held, no KV reserved under the memory budget, nothing admitted); the first submitted turn wakes
+    the tick, which resumes the engine and releases the turn if serving slack allows (activation bound:
+    ``rose-executor bench``'s ``activation`` figure, docs/executor.md).
+    """
 
     def __init__(
         self,
@@ -89,7 +103,9 @@ class CoServing:
         self.memory = memory
         self.headroom = True
         self.paused = False
+        self.active = False
         self.last: GuardVerdict | None = None
+        self._wake = asyncio.Event()
 
     @classmethod
     def build(
@@ -98,24 +114,52 @@ class CoServing:
         profiles: tuple[EngineProfile, EngineProfile],
         engines: tuple[VllmEngine, VllmEngine],
         runner: RolloutRunner,
+        colocated: EngineProfile | None = None,
     ) -> CoServing:
-        """The guard of a serving host from its config and the (serving, rollout) profiles; no p99 feedback
-        until ``guard.set_feedback``."""
+        """The guard of a serving host from its config and the (serving, rollout) profiles, plus the serving
+        profile measured beside a saturated rollout engine when there is one; no p99 feedback until
+        ``guard.set_feedback``. SLO budgets come from the serving-alone profile."""
         slo = SloBudgets.resolve(config, profiles[0])
+        rollout_model = profiles[1].latency_model()
+        margin_s = config.admission_margin_ms / 1000
+        if config.hold_margin:
+            margin_s += hold_margin_s(rollout_model, config.rollout_capacity)
         admission = DualSlackAdmission(
-            AdmissionConfig(slo.ttft_s, slo.tpot_s, config.prefill_chunk_tokens, config.admission_margin_ms / 1000),
-            profiles[0].latency_model(),
-            profiles[1].latency_model(),
+            AdmissionConfig(slo.ttft_s, slo.tpot_s, config.prefill_chunk_tokens, margin_s),
+            guard_serving_model(profiles[0], colocated),
+            rollout_model,
         )
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
         guard = CoServingGuard(admission)
         return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
 
+    def wake(self) -> None:
+        """Run the next tick now (a serving arrival or finish, a submitted rollout turn)."""
+        self._wake.set()
+
     async def run(self, updating: Callable[[], bool]) -> None:
         """The control loop; ``updating()`` True means a weight update owns the rollout engine's pause state."""
-        while True:
-            await self.tick(time.monotonic(), updating())
-            await asyncio.sleep(self.interval_s)
+        self.serving.add_activity_listener(self.wake)
+        self.runner.on_submit = self.wake
+        try:
+            while True:
+                self._wake.clear()
+                await self.tick(time.monotonic(), updating())
+                await self._until_next_tick()
+        finally:
+            self.serving.remove_activity_listener(self.wake)
+            self.runner.on_submit = None
+
+    async def _until_next_tick(self) -> None:
+        """``interval_s``, or less if woken. (Not ``asyncio.wait_for``: on Python 3.11 a cancel that lands as
+        its timeout fires can leave the caller hung; a timer that sets the same event cannot.)"""
+        if self._wake.is_set():
+            return
+        timer = asyncio.get_running_loop().call_later(self.interval_s, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.cancel()
 
     async def tick(self, now: float, updating: bool = False) -> GuardVerdict:
         serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
@@ -129,7 +173,9 @@ class CoServing:
                     len(decision.abort),
                 )
                 self.runner.abort_keys(decision.abort, "memory")
-        verdict = self.guard.decide(now, serving, self.runner.running(), self.runner.queued())
+        running, queued = self.runner.running(), self.runner.queued()
+        self.active = bool(running or queued)
+        verdict = self.guard.decide(now, serving, running, queued)
         self.last = verdict
         self.headroom = verdict.headroom
         self.runner.held = not verdict.headroom
@@ -141,14 +187,17 @@ class CoServing:
         return verdict
 
     async def _apply(self, verdict: GuardVerdict) -> None:
-        if not verdict.run_rollout and not self.paused:
+        run = verdict.run_rollout and self.active
+        if not run and not self.paused:
             await self.rollout.pause(keep_requests=True)
             self.paused = True
-            metrics.GUARD_HOLDS.inc()
-        elif verdict.run_rollout and self.paused:
+            if self.active:
+                metrics.GUARD_HOLDS.inc()
+        elif run and self.paused:
             await self.rollout.resume()
             self.paused = False
         metrics.ROLLOUT_ENGINE_PAUSED.set(1 if self.paused else 0)
+        metrics.ROLLOUT_ACTIVE.set(1 if self.active else 0)
         if verdict.start:
             self.runner.release(verdict.start)
 

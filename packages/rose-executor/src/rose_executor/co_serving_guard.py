@@ -2,8 +2,9 @@
 
 Observations (approximations, documented in docs/executor.md):
 - serving requests come from the serving engine front-end's request states (``VllmEngine.live_requests``):
-  arrival, vLLM's ``is_prefilling`` flag, last-token timestamp; a prefilling request counts its whole
-  uncached prompt as remaining (vLLM does not expose chunked-prefill progress per request);
+  arrival, vLLM's ``is_prefilling`` flag, last-token timestamp; a prefilling request counts as remaining the
+  uncached prompt tokens of *every* request still prefilling (vLLM does not expose chunked-prefill progress
+  per request, and it batches a burst's prefills into the same steps, so each waits for all of them);
 - every running rollout sequence is a decode candidate (a sequence still in its first prefill chunk is
   counted as one decode step); every queued rollout turn is a prefill candidate of its prompt length.
 
@@ -52,7 +53,7 @@ class CoServingGuard:
     def decide(
         self, now: float, serving: Sequence[LiveRequest], running: Sequence[str], queued: Sequence[QueuedTurn]
     ) -> GuardVerdict:
-        requests = [serving_request(r) for r in serving]
+        requests = serving_requests(serving)
         feedback_ok = self._feedback() if self._feedback is not None else True
         probe = self.admission.admit(now, requests, [RolloutWork(PROBE_ID, "decode")])
         headroom = bool(probe.admitted) and feedback_ok
@@ -68,10 +69,22 @@ class CoServingGuard:
         return GuardVerdict(start if may_start else (), run_rollout, headroom, slack)
 
 
-def serving_request(r: LiveRequest) -> ServingRequest:
-    """The policy's view of one in-flight serving request (its whole uncached prompt while prefilling)."""
+def serving_requests(live: Sequence[LiveRequest]) -> list[ServingRequest]:
+    """The policy's view of the in-flight serving requests: a prefilling one waits for the uncached prompt
+    tokens of every prefilling request (one burst is prefilled in the same engine steps)."""
+    pending = sum(_uncached(r) for r in live if r.prefilling)
+    return [serving_request(r, pending) for r in live]
+
+
+def serving_request(r: LiveRequest, pending_prefill_tokens: int = 0) -> ServingRequest:
+    """The policy's view of one in-flight serving request: while prefilling, its whole uncached prompt, or
+    ``pending_prefill_tokens`` (the burst it is prefilled with) when that is larger."""
     if r.prefilling:
-        remaining = max(1, r.prompt_tokens - r.cached_tokens)
+        remaining = max(_uncached(r), pending_prefill_tokens)
         return ServingRequest(r.request_id, r.arrival_s, remaining, r.last_token_s)
     last = r.last_token_s if r.last_token_s is not None else r.arrival_s
     return ServingRequest(r.request_id, r.arrival_s, 0, last)
+
+
+def _uncached(r: LiveRequest) -> int:
+    return max(1, r.prompt_tokens - r.cached_tokens)

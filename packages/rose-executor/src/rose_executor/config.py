@@ -44,8 +44,14 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The SLO guard's control tick: admission of rollout work and pause/resume of the rollout engine."""
     slo_from_profile: float = 0.0
     """> 0: SLO budgets = this multiple of the profiled serving-alone TTFT/TPOT (replaces slo_*_ms); 0: off."""
+    colocated_profile: bool = True
+    """Also profile serving beside a saturated rollout engine at start-up (cached) and let the guard predict
+    serving with the slower of the two profiles (the engines time-slice one device)."""
     admission_margin_ms: float = 0.0
     """Every serving slack must stay above this after admitting rollout work (guards latency-model error)."""
+    hold_margin: bool = True
+    """Add to that margin the rollout step a hold cannot stop: the profiled rollout decode step at
+    rollout_capacity (a hold lands between engine steps, so the step in flight still runs)."""
     prefill_chunk_tokens: int = 512
     """Rollout prefill tokens admitted per engine step."""
     p99_feedback: bool = True

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -84,6 +84,19 @@ class EngineSpec:
         return (root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()
 
 
+class _RoseAsyncLLM(AsyncLLM):
+    """vLLM's AsyncLLM that tells ROSE about every request added (the SLO guard reacts to a serving arrival
+    at once instead of at its next control tick). Requests from the OpenAI app arrive here too."""
+
+    rose_listeners: list[Callable[[], None]]
+
+    async def add_request(self, *args: Any, **kwargs: Any) -> Any:
+        queue = await super().add_request(*args, **kwargs)
+        for listener in getattr(self, "rose_listeners", ()):
+            listener()
+        return queue
+
+
 class VllmEngine:
     """One vLLM v1 AsyncLLM and the operations the executor needs from it."""
 
@@ -91,6 +104,11 @@ class VllmEngine:
         self.spec = spec
         self._llm: AsyncLLM | None = llm
         self._relay = relay
+        self._listeners: list[Callable[[], None]] = []
+        if isinstance(llm, _RoseAsyncLLM):
+            llm.rose_listeners = self._listeners
+        if relay is not None:
+            relay.listeners = self._listeners
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -131,7 +149,7 @@ class VllmEngine:
         relay = _StatsRelay() if observer is not None or spec.purpose == "serving" else None
         loggers: list[StatLoggerFactory] | None = [relay.factory] if relay is not None else None
         try:
-            llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
+            llm = await asyncio.to_thread(_RoseAsyncLLM.from_engine_args, args, stat_loggers=loggers)
         except Exception as exc:
             raise RoseError(f"vLLM could not start the {spec.purpose} engine for {spec.model_dir}: {exc}") from exc
         engine = cls(spec, llm, relay)
@@ -149,6 +167,15 @@ class VllmEngine:
         if self._relay is None:
             raise RoseError(f"the {self.spec.purpose} engine was started without stat logging; pass an observer")
         self._relay.observer = observer
+
+    def add_activity_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the event loop) whenever a request is added to this engine and, with stat
+        logging, after every engine iteration in which a request finished."""
+        self._listeners.append(listener)
+
+    def remove_activity_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     @property
     def llm(self) -> AsyncLLM:
@@ -208,7 +235,14 @@ class VllmEngine:
         await self.llm.abort(request_id if isinstance(request_id, str) else list(request_id))
 
     async def pause(self, *, keep_requests: bool = False, clear_cache: bool = False) -> None:
-        """Stop scheduling: abort what runs (default) or freeze it until ``resume``."""
+        """Stop scheduling: abort what runs (default) or freeze it until ``resume``.
+
+        Freezing without clearing the cache (the SLO guard's hold) goes straight to the engine core: it returns
+        once the core has stopped between two steps, without ``pause_generation``'s fixed 20 ms settle sleep
+        (that sleep only orders final outputs of aborted requests, and a freeze finishes none)."""
+        if keep_requests and not clear_cache:
+            await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+            return
         await self.llm.pause_generation(mode="keep" if keep_requests else "abort", clear_cache=clear_cache)
 
     async def resume(self) -> None:
@@ -312,6 +346,7 @@ class _StatsRelay:
 
     def __init__(self) -> None:
         self.observer: EngineStatsObserver | None = None
+        self.listeners: list[Callable[[], None]] = []
 
     def factory(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
         return _ObserverStatLogger(self, vllm_config, engine_index)
@@ -331,6 +366,9 @@ class _ObserverStatLogger(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
+        if iteration_stats is not None and iteration_stats.finished_requests:
+            for listener in self._relay.listeners:
+                listener()
         observer = self._relay.observer
         if observer is None:
             return

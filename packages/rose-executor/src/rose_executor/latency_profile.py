@@ -86,28 +86,33 @@ async def load_or_profile(engine: VllmEngine, cache_dir: Path | None = None) -> 
     spec = engine.spec
     key = profile_key(Path(spec.model_dir), spec.dtype)
     path = (cache_dir or default_cache_dir()) / f"{key}.json"
-    cached = _read(path, key)
+    cached = read_cached(path, key)
     if cached is not None:
         return cached
     started = time.perf_counter()
     profile = await profile_engine(engine, key)
     log.info("profiled the %s engine in %.1f s: %s", spec.purpose, time.perf_counter() - started, profile)
-    _write(path, profile)
+    write_cached(path, profile)
     return profile
 
 
-async def profile_engine(engine: VllmEngine, key: str) -> EngineProfile:
+async def profile_engine(
+    engine: VllmEngine,
+    key: str,
+    repeats: int = REPEATS,
+    reduce: Callable[[list[float]], float] = statistics.median,
+) -> EngineProfile:
+    """Each point is ``reduce`` (default: the median) of ``repeats`` measurements."""
     spec = ProfileSpec(engine.spec.max_model_len, engine.spec.max_num_seqs)
-    vocab = _vocab_size(Path(engine.spec.model_dir))
+    vocab = vocab_size(Path(engine.spec.model_dir))
     rng = np.random.default_rng(0)
-    prefill = [(n, await _median(partial(_prefill_s, engine, rng, vocab, n))) for n in spec.prefill_sizes()]
-    decode = [(b, await _median(partial(_decode_step_s, engine, rng, vocab, b))) for b in spec.batches()]
+
+    async def point(measure: Callable[[], Awaitable[float]]) -> float:
+        return float(reduce([await measure() for _ in range(repeats)]))
+
+    prefill = [(n, await point(partial(_prefill_s, engine, rng, vocab, n))) for n in spec.prefill_sizes()]
+    decode = [(b, await point(partial(_decode_step_s, engine, rng, vocab, b))) for b in spec.batches()]
     return EngineProfile(key=key, prefill_points=prefill, decode_points=decode, measured_at=time.time())
-
-
-async def _median(measure: Callable[[], Awaitable[float]]) -> float:
-    values = [await measure() for _ in range(REPEATS)]
-    return float(statistics.median(values))
 
 
 async def _prefill_s(engine: VllmEngine, rng: np.random.Generator, vocab: int, tokens: int) -> float:
@@ -139,12 +144,12 @@ def _rid(kind: str) -> str:
     return f"rose-profile-{kind}-{next(_counter)}"
 
 
-def _vocab_size(model_dir: Path) -> int:
+def vocab_size(model_dir: Path) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     return int(config.get("text_config", config).get("vocab_size", 256))
 
 
-def _read(path: Path, key: str) -> EngineProfile | None:
+def read_cached(path: Path, key: str) -> EngineProfile | None:
     try:
         profile = msgspec.json.decode(path.read_bytes(), type=EngineProfile)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
@@ -152,7 +157,7 @@ def _read(path: Path, key: str) -> EngineProfile | None:
     return profile if profile.key == key and profile.version == PROFILE_VERSION else None
 
 
-def _write(path: Path, profile: EngineProfile) -> None:
+def write_cached(path: Path, profile: EngineProfile) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -47,6 +47,10 @@ ROLLOUT_ENGINE_PAUSED = Gauge(
     "rose_executor_rollout_engine_paused",
     "1 while the SLO guard holds the rollout engine (paused, requests kept).",
 )
+ROLLOUT_ACTIVE = Gauge(
+    "rose_executor_rollout_active",
+    "1 while rollout turns are in flight on a serving host; 0: the policy sits loaded but inactive (held).",
+)
 GUARD_MIN_SLACK = Gauge(
     "rose_executor_guard_min_slack_seconds",
     "Smallest TTFT/TPOT slack of the in-flight serving requests at the last control tick (+Inf when idle).",

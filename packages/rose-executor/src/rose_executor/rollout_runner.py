@@ -79,6 +79,8 @@ class RolloutRunner:
         self._clock = clock
         self._turns: dict[TurnKey, _Turn] = {}
         self._refusal = ""
+        self.on_submit: Callable[[], None] | None = None
+        """Called when a guarded turn starts waiting for the guard (the guard ticks at once)."""
         metrics.WEIGHT_VERSION.set(weight_version)
 
     # ---------------------------------------------------------------- state
@@ -163,6 +165,8 @@ class RolloutRunner:
             self._start(turn)
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{req.turn_id}-{req.attempt}")
         self._update_gauges()
+        if self.guarded and self.on_submit is not None:
+            self.on_submit()
 
     def _start(self, turn: _Turn) -> None:
         turn.started_at = self._clock()

@@ -63,6 +63,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+DEMO_SLO_FROM_PROFILE = 10.0
+"""The embedded demo's serving SLO: a serving executor derives its TTFT / TPOT budgets from its start-up
+profile, as this multiple of the serving-alone latency (prefill of a 512-token prompt; decode step at the full
+serving batch); `[slo]` ttft_ms / tpot_ms then only judge the client-side latency in the run report."""
+
+
 def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, index: int) -> dict[str, Any]:
     """The `rose-executor --config` file for one local executor (its schema: rose_executor.config)."""
     ex = config.executors
@@ -75,7 +81,12 @@ def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, i
         "headroom_fraction": config.slo.headroom_fraction,
     }
     if role == "serving":
-        section.update(serving_model_dir=str(serving), serving_host="127.0.0.1", serving_port=0)
+        section.update(
+            serving_model_dir=str(serving),
+            serving_host="127.0.0.1",
+            serving_port=0,
+            slo_from_profile=DEMO_SLO_FROM_PROFILE,
+        )
     return section
 
 

@@ -1,0 +1,41 @@
+"""``rose-executor bench``'s aggregation over repeats (pure): medians in the issue's JSON shape, min / max
+under ``spread``, attainment pooled over every request."""
+
+from __future__ import annotations
+
+import pytest
+
+from rose_executor.co_serving_bench import CONFIGS, LEVELS, Window, slo_from_alone, summarize
+
+
+def run(attainment: float, tokens: float, harvest: float, requests: float = 100.0) -> dict[str, object]:
+    row = {
+        "serving_ttft_p99_ms": 10.0,
+        "serving_tpot_p99_ms": 5.0,
+        "slo_attainment": attainment,
+        "rollout_tokens_per_s": tokens,
+        "requests": requests,
+        "ttft_violations": 0.0,
+        "tpot_violations": 0.0,
+    }
+    level = {config: dict(row) for config in CONFIGS} | {"harvest_ratio": harvest}
+    return {"levels": {name: level for name in LEVELS}, "rollout_alone_tokens_per_s": tokens * 2}
+
+
+def test_medians_spread_and_pooled_attainment() -> None:
+    result = summarize([run(1.0, 100.0, 0.9), run(0.9, 300.0, 0.5, requests=300.0), run(0.99, 200.0, 0.7)])
+    high = result["levels"]["high"]
+    assert set(high) == {*CONFIGS, "harvest_ratio"}
+    assert high["guarded"]["slo_attainment"] == pytest.approx(0.99)
+    assert high["guarded"]["rollout_tokens_per_s"] == pytest.approx(200.0)
+    assert high["harvest_ratio"] == pytest.approx(0.7)
+    assert result["spread"]["high"]["guarded"]["slo_attainment"] == [0.9, 1.0]
+    assert result["spread"]["high"]["harvest_ratio"] == [0.5, 0.9]
+    assert result["pooled_slo_attainment"]["high"]["guarded"] == pytest.approx((100 + 270 + 99) / 500)
+    assert result["rollout_alone_tokens_per_s"] == pytest.approx(400.0)
+
+
+def test_slo_is_a_multiple_of_the_median_level_p99_so_one_noisy_level_does_not_set_it() -> None:
+    windows = [Window(0.010, 0.004, 0.0, [], []), Window(0.120, 0.005, 0.0, [], []), Window(0.012, 0.006, 0.0, [], [])]
+    ttft, tpot = slo_from_alone(windows, 1.5)
+    assert ttft == pytest.approx(0.018) and tpot == pytest.approx(0.0075)
