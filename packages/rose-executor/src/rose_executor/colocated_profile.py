@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,18 +22,15 @@ from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
 from rose_executor.latency_profile import (
     EngineProfile,
-    default_cache_dir,
+    cached_profile,
     profile_engine,
     profile_key,
-    read_cached,
     vocab_size,
-    write_cached,
 )
 
 if TYPE_CHECKING:
     from rose_executor.engine import VllmEngine
 
-log = logging.getLogger(__name__)
 COLOCATED_REPEATS = 5
 LOAD_PROMPT_TOKENS = 64
 LOAD_MAX_TOKENS = 128
@@ -52,16 +47,12 @@ async def load_or_profile_colocated(
 ) -> EngineProfile:
     """The cached co-located serving profile of this pair of models on this device, or a fresh one."""
     key = colocated_key(serving, rollout)
-    path = (cache_dir or default_cache_dir()) / f"{key}.json"
-    cached = read_cached(path, key)
-    if cached is not None:
-        return cached
-    started = time.perf_counter()
-    async with SaturatingLoad(rollout):
-        profile = await profile_engine(serving, key, COLOCATED_REPEATS, max)
-    log.info("profiled serving beside the rollout engine in %.1f s: %s", time.perf_counter() - started, profile)
-    write_cached(path, profile)
-    return profile
+
+    async def measure() -> EngineProfile:
+        async with SaturatingLoad(rollout):
+            return await profile_engine(serving, key, COLOCATED_REPEATS, max)
+
+    return await cached_profile(key, cache_dir, measure, "serving beside the rollout engine")
 
 
 def guard_serving_model(alone: EngineProfile, colocated: EngineProfile | None) -> LatencyModel:

@@ -85,13 +85,20 @@ async def load_or_profile(engine: VllmEngine, cache_dir: Path | None = None) -> 
     """The cached profile of ``engine``'s model on this device, or a fresh one (then cached)."""
     spec = engine.spec
     key = profile_key(Path(spec.model_dir), spec.dtype)
+    return await cached_profile(key, cache_dir, lambda: profile_engine(engine, key), f"the {spec.purpose} engine")
+
+
+async def cached_profile(
+    key: str, cache_dir: Path | None, measure: Callable[[], Awaitable[EngineProfile]], what: str
+) -> EngineProfile:
+    """The profile cached under ``key``, or ``measure()``'s (logged, then cached)."""
     path = (cache_dir or default_cache_dir()) / f"{key}.json"
     cached = read_cached(path, key)
     if cached is not None:
         return cached
     started = time.perf_counter()
-    profile = await profile_engine(engine, key)
-    log.info("profiled the %s engine in %.1f s: %s", spec.purpose, time.perf_counter() - started, profile)
+    profile = await measure()
+    log.info("profiled %s in %.1f s: %s", what, time.perf_counter() - started, profile)
     write_cached(path, profile)
     return profile
 
