@@ -6,6 +6,7 @@ import contextlib
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,56 @@ def test_varint_errors() -> None:
         decode_varints(np.array([1, 2], dtype=np.uint8), 1)
     with pytest.raises(VarintError, match="longer than 10"):
         decode_varints(np.array([0xFF] * 11 + [1], dtype=np.uint8), 1)
+
+
+def _gaps_patch(n_words: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 1 << 16, n_words, dtype=np.uint16)
+    new = base.copy()
+    new[positions] ^= 1
+    return base.view(np.uint8), new.view(np.uint8), encode_bucket(base.view(np.uint8), new.view(np.uint8)).payload
+
+
+def test_byte_gaps_escape_long_gaps_and_are_chosen_at_rl_sparsity() -> None:
+    rng = np.random.default_rng(5)
+    dense_run = np.flatnonzero(rng.random(300_000) < 0.03)  # RL-step sparsity: byte gaps are smallest
+    positions = np.concatenate([dense_run, [400_000, 2_000_000, 2_000_001]])  # and a few gaps >= 255
+    base, new, payload = _gaps_patch(2_100_000, positions)
+    assert HEADER.unpack(payload[: HEADER.size].tobytes())[3] == 2
+    escaped = np.count_nonzero(np.diff(positions, prepend=-1) - 1 >= 255)
+    assert escaped >= 2
+    assert payload.nbytes == HEADER.size + positions.size * 3 + escaped * 4  # a code and a value each
+    assert decode_bucket(PATCH, payload, base).tobytes() == new.tobytes()
+
+
+def test_byte_gaps_refuse_miscounted_escapes_and_positions_past_the_bucket() -> None:
+    base, _, payload = _gaps_patch(100_000, np.array([10, 50_000, 99_999]))
+    codes_at = HEADER.size
+    for corrupt in (lambda p: p.__setitem__(codes_at, 255), lambda p: p.__setitem__(codes_at + 2, 254)):
+        bad = payload.copy()
+        corrupt(bad)
+        with pytest.raises(CodecError):
+            decode_bucket(PATCH, bad, base)
+
+
+def test_a_patch_failing_midway_rolls_back_every_block_it_wrote() -> None:
+    """Positions come in one reused buffer block by block; the rollback decodes them again."""
+    from rose_transfer.in_place_patch import patch_in_place
+    from rose_transfer.sparse_patch import PatchError
+    from rose_transfer.undo_log import UndoLog
+
+    n_words = 4_000_000
+    positions = np.flatnonzero(np.random.default_rng(9).random(n_words) < 0.02)  # about 5 blocks
+    base, new, payload = _gaps_patch(n_words, positions)
+    undo, held = UndoLog(), base.copy()
+    assert patch_in_place(payload, held, undo) == xxhash.xxh3_64_hexdigest(new)
+    undo.rollback()
+    assert held.tobytes() == base.tobytes()
+    bad = payload.copy()
+    bad[HEADER.size + positions.size - 2 : HEADER.size + positions.size] = 254  # the last block runs past the end
+    undo.start(0)
+    with pytest.raises(PatchError):
+        patch_in_place(bad, held, undo)
+    assert held.tobytes() != base.tobytes()  # earlier blocks were written
+    undo.rollback()
+    assert held.tobytes() == base.tobytes()

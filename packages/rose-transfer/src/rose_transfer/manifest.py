@@ -44,6 +44,11 @@ def bucket_checksum(data: Any) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
+def checksum_stream() -> Any:
+    """A ``bucket_checksum`` fed piece by piece (``update``), read with ``hexdigest()``."""
+    return xxhash.xxh3_64()
+
+
 def _torch_module(obj: Any) -> Any:
     """rose_transfer.torch_tensors when ``obj`` is a torch tensor (torch already loaded), else None."""
     torch = sys.modules.get("torch")

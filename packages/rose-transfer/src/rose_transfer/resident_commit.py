@@ -12,9 +12,8 @@ import numpy as np
 from rose_core.messages import WeightManifest
 from rose_transfer.errors import TransferError
 from rose_transfer.in_place_patch import patch_in_place
-from rose_transfer.manifest import bucket_checksum
 from rose_transfer.resident_weights import ResidentWeights
-from rose_transfer.sparse_patch import PatchError
+from rose_transfer.sparse_patch import PatchError, overwritten_bytes
 from rose_transfer.undo_log import UndoLog
 
 
@@ -38,7 +37,8 @@ def commit(
 def _patch_all(target: ResidentWeights, manifest: WeightManifest, patches: dict[int, np.ndarray]) -> list[int]:
     if patches and target.stream.nbytes != manifest.total_bytes:
         raise TransferError("patches came for weights of another size: the fetch must be a full sync")
-    undo, failed = UndoLog(), []
+    undo, failed = target.undo, []
+    undo.start(sum(overwritten_bytes(payload) for payload in patches.values()))
     try:
         for index, payload in sorted(patches.items()):
             if not _patched(target, manifest, index, payload, undo):
@@ -48,6 +48,7 @@ def _patch_all(target: ResidentWeights, manifest: WeightManifest, patches: dict[
         raise
     if failed:
         undo.rollback()
+    undo.clear()
     return failed
 
 
@@ -56,10 +57,9 @@ def _patched(target: ResidentWeights, manifest: WeightManifest, index: int, payl
     info = manifest.buckets[index]
     bucket = target.stream[info.offset : info.offset + info.nbytes]
     try:
-        patch_in_place(payload, bucket, undo)
+        return patch_in_place(payload, bucket, undo) == info.checksum
     except PatchError:
         return False
-    return bool(bucket_checksum(bucket) == info.checksum)
 
 
 def _place_dense(

@@ -14,6 +14,7 @@ import numpy as np
 from rose_core.messages import WeightManifest
 from rose_transfer.host_buffer import host_buffer
 from rose_transfer.manifest import tensor_views
+from rose_transfer.undo_log import UndoLog
 
 
 class ResidentWeights:
@@ -25,6 +26,7 @@ class ResidentWeights:
         self.lock = threading.Lock()
         self.pinned = False  # views were handed out (a bound module): the buffer is never swapped
         self._spare: np.ndarray | None = None
+        self.undo = UndoLog()  # reused by every version applied in place (its pages stay warm)
 
     def holds(self, version: int, manifest: WeightManifest) -> bool:
         """Whether this holds ``version`` in the bucket layout of ``manifest`` (a base for patches)."""

@@ -1,8 +1,9 @@
 """The ``patch`` bucket format: positions of the changed words and their NEW values.
 
 Layout: a 32-byte header (magic, format, word bytes, position kind, bucket bytes, changed words,
-position bytes), the positions (gap-coded LEB128 varints, or a bitmap of the bucket's words,
-whichever is smaller), the new values, then the bucket's last ``nbytes % word_bytes`` bytes raw.
+position bytes), the positions (gap-coded LEB128 varints, byte gaps with escapes (``byte_gaps``), or
+a bitmap of the bucket's words, whichever is smallest), the new values, then the bucket's last
+``nbytes % word_bytes`` bytes raw.
 The receiver writes the values over its copy of the base, so the result is bit-exact.
 
 Encoding and decoding run chunk by chunk so that every intermediate array stays small and in cache
@@ -17,14 +18,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rose_transfer.byte_gaps import MAX_GAP, ByteGapsError, byte_gaps_bytes, decode_blocks, encode_codes
 from rose_transfer.changed_words import WORD_DTYPES, ChangedChunk, iter_changed_chunks, word_view
 from rose_transfer.varint import VarintError, decode_varints, encode_varints, varint_lengths
 
 HEADER = struct.Struct("<4sBBBxQQQ")
 _MAGIC = b"RSPB"
 _FORMAT = 1
-_VARINT, _BITMAP = 0, 1
+_VARINT, _BITMAP, _BYTE_GAPS = 0, 1, 2
 _DECODE_BLOCK = 1 << 16  # varints per step of decoding
+_GAPS_BLOCK = 1 << 14  # byte gaps per step of decoding: a block's span of the bucket stays in cache
 _BITMAP_BLOCK = 1 << 19  # words per step of decoding a bitmap (a multiple of 8)
 
 
@@ -41,8 +44,9 @@ class _Part:
     values: np.ndarray
     last: int  # the last changed position
     positions: np.ndarray | None = None  # sparse chunks only: dense ones live in the bucket's mask
-    gaps: np.ndarray | None = None  # None for a dense chunk until exact varint sizes are needed
+    gaps: np.ndarray | None = None  # None for a dense chunk until exact gap codings are needed
     lengths: np.ndarray | None = None
+    byte_gaps: int = 0  # bytes of its gaps as byte gaps (exact once ``gaps`` is set)
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ class _Changes:
     parts: list[_Part] = field(default_factory=list)
     count: int = 0
     varint_bytes: int = 0  # exact for sparse parts, 1 per change (a lower bound) for dense ones
+    byte_gaps: int = 0  # the same for byte gaps
     mask: np.ndarray | None = None  # the bucket's word mask, holding the dense chunks' masks
 
 
@@ -61,30 +66,45 @@ def build_patch(base: np.ndarray, new: np.ndarray, word_bytes: int) -> np.ndarra
     changes = _scan(base, new, word_bytes, limit=new.nbytes - fixed)
     if changes is None:
         return None
-    if changes.mask is not None and changes.varint_bytes < bitmap_bytes:
-        _exact_varint_bytes(changes)
-    position_bytes = min(changes.varint_bytes, bitmap_bytes)
-    total = fixed + position_bytes + changes.count * word_bytes
+    if changes.mask is not None and min(changes.varint_bytes, changes.byte_gaps) < bitmap_bytes:
+        _exact_gap_bytes(changes)
+    sizes = {_BYTE_GAPS: changes.byte_gaps, _VARINT: changes.varint_bytes, _BITMAP: bitmap_bytes}
+    if n_words - 1 > MAX_GAP:
+        del sizes[_BYTE_GAPS]
+    kind = min(sizes, key=lambda k: sizes[k])  # ties: byte gaps, the fastest to decode
+    total = fixed + sizes[kind] + changes.count * word_bytes
     if total >= new.nbytes:
         return None
-    kind = _VARINT if changes.varint_bytes <= bitmap_bytes else _BITMAP
     payload = np.empty(total, dtype=np.uint8)
-    header = HEADER.pack(_MAGIC, _FORMAT, word_bytes, kind, new.nbytes, changes.count, position_bytes)
+    header = HEADER.pack(_MAGIC, _FORMAT, word_bytes, kind, new.nbytes, changes.count, sizes[kind])
     payload[: HEADER.size] = np.frombuffer(header, dtype=np.uint8)
-    cursor = HEADER.size
-    if kind == _VARINT:
-        for part in changes.parts:  # chunk by chunk: stays in cache
-            encoded = encode_varints(part.gaps, part.lengths)  # type: ignore[arg-type]
-            payload[cursor : cursor + encoded.nbytes] = encoded
-            cursor += encoded.nbytes
-    else:
-        payload[cursor : cursor + position_bytes] = _bitmap(changes, n_words)
-        cursor += position_bytes
+    cursor = _write_positions(payload, HEADER.size, kind, changes, n_words)
     for part in changes.parts:
         payload[cursor : cursor + part.values.nbytes] = part.values.view(np.uint8)
         cursor += part.values.nbytes
     payload[cursor:] = new[n_words * word_bytes :]
     return payload
+
+
+def _write_positions(payload: np.ndarray, cursor: int, kind: int, changes: _Changes, n_words: int) -> int:
+    """Write the positions section at ``cursor``, part by part (stays in cache); returns its end."""
+    if kind == _BITMAP:
+        bitmap = _bitmap(changes, n_words)
+        payload[cursor : cursor + bitmap.nbytes] = bitmap
+        return cursor + bitmap.nbytes
+    escaped = []
+    for part in changes.parts:
+        if kind == _VARINT:
+            encoded = encode_varints(part.gaps, part.lengths)  # type: ignore[arg-type]
+        else:
+            encoded, long_gaps = encode_codes(part.gaps)  # type: ignore[arg-type]
+            escaped.append(long_gaps.view(np.uint8))
+        payload[cursor : cursor + encoded.nbytes] = encoded
+        cursor += encoded.nbytes
+    for section in escaped:
+        payload[cursor : cursor + section.nbytes] = section
+        cursor += section.nbytes
+    return cursor
 
 
 def _scan(base: np.ndarray, new: np.ndarray, word_bytes: int, limit: int) -> _Changes | None:
@@ -100,8 +120,9 @@ def _scan(base: np.ndarray, new: np.ndarray, word_bytes: int, limit: int) -> _Ch
         changes.parts.append(part)
         changes.count += part.values.size
         changes.varint_bytes += int(part.lengths.sum(dtype=np.int64)) if part.lengths is not None else part.values.size
+        changes.byte_gaps += part.byte_gaps if part.gaps is not None else part.values.size
         previous = part.last
-        if changes.count * word_bytes + min(changes.varint_bytes, bitmap_bytes) >= limit:
+        if changes.count * word_bytes + min(changes.varint_bytes, changes.byte_gaps, bitmap_bytes) >= limit:
             return None
     return changes
 
@@ -110,7 +131,9 @@ def _sparse_part(chunk: ChangedChunk, new_words: np.ndarray, previous: int) -> _
     positions = chunk.changed_positions()
     gaps = np.diff(positions, prepend=previous) - 1
     values = new_words[positions]
-    return _Part(chunk.first, chunk.count, values, int(positions[-1]), positions, gaps, varint_lengths(gaps))
+    part = _Part(chunk.first, chunk.count, values, int(positions[-1]), positions, gaps, varint_lengths(gaps))
+    part.byte_gaps = byte_gaps_bytes(gaps)
+    return part
 
 
 def _dense_part(chunk: ChangedChunk, new_words: np.ndarray, changes: _Changes) -> _Part:
@@ -134,8 +157,8 @@ def _last_true(mask: np.ndarray) -> int:
     raise ValueError("the mask has no True")
 
 
-def _exact_varint_bytes(changes: _Changes) -> None:
-    """Give dense parts their gaps, for when varints might still beat the bitmap."""
+def _exact_gap_bytes(changes: _Changes) -> None:
+    """Give dense parts their gaps, for when a gap coding might still beat the bitmap."""
     if changes.mask is None:
         return
     previous = -1
@@ -144,7 +167,9 @@ def _exact_varint_bytes(changes: _Changes) -> None:
             positions = np.flatnonzero(changes.mask[part.first : part.first + part.count]) + part.first
             part.gaps = np.diff(positions, prepend=previous) - 1
             part.lengths = varint_lengths(part.gaps)
+            part.byte_gaps = byte_gaps_bytes(part.gaps)
             changes.varint_bytes += int(part.lengths.sum(dtype=np.int64)) - part.values.size
+            changes.byte_gaps += part.byte_gaps - part.values.size
         previous = part.last
 
 
@@ -185,7 +210,7 @@ def parse_patch(payload: np.ndarray, base_bytes: int) -> ParsedPatch:
     if payload.nbytes < HEADER.size:
         raise PatchError(f"patch of {payload.nbytes} bytes is shorter than its header")
     magic, fmt, word_bytes, kind, nbytes, count, position_bytes = HEADER.unpack(payload[: HEADER.size].tobytes())
-    if magic != _MAGIC or fmt != _FORMAT or word_bytes not in WORD_DTYPES or kind not in (_VARINT, _BITMAP):
+    if magic != _MAGIC or fmt != _FORMAT or word_bytes not in WORD_DTYPES or kind not in (_VARINT, _BITMAP, _BYTE_GAPS):
         raise PatchError("not a patch this rose-transfer can read (bad header): install one version on both ends")
     n_words = nbytes // word_bytes
     value_bytes = count * word_bytes
@@ -205,11 +230,21 @@ def parse_patch(payload: np.ndarray, base_bytes: int) -> ParsedPatch:
     )
 
 
+def overwritten_bytes(payload: np.ndarray) -> int:
+    """Bytes of the words a patch overwrites, from its header (0 for one too short to have a header)."""
+    if payload.nbytes < HEADER.size:
+        return 0
+    _, _, word_bytes, _, _, count, _ = HEADER.unpack(payload[: HEADER.size].tobytes())
+    return int(word_bytes * count)
+
+
 def patch_blocks(patch: ParsedPatch) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(word positions, new words)`` block by block, every block checked before it is yielded
     (a corrupt block raises ``PatchError``; earlier blocks were already yielded)."""
     if patch.kind == _BITMAP:
         return _bitmap_blocks(patch.positions, patch.count, patch.n_words, patch.values)
+    if patch.kind == _BYTE_GAPS:
+        return _byte_gap_blocks(patch.positions, patch.count, patch.n_words, patch.values)
     return _varint_blocks(patch.positions, patch.count, patch.n_words, patch.values)
 
 
@@ -230,6 +265,19 @@ def _bitmap_blocks(
         done += positions.size
     if done != count:
         raise PatchError(f"patch bitmap marks {done} words, its header {count}")
+
+
+def _byte_gap_blocks(
+    data: np.ndarray, count: int, n_words: int, values: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Positions come in one reused buffer: each block is used before the next is decoded."""
+    first = 0
+    try:
+        for positions in decode_blocks(data, count, n_words, _GAPS_BLOCK):
+            yield positions, values[first : first + positions.size]
+            first += positions.size
+    except ByteGapsError as exc:
+        raise PatchError(f"patch positions are corrupt: {exc}") from None
 
 
 def _varint_blocks(
