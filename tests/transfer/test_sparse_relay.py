@@ -173,3 +173,21 @@ def test_a_diverged_base_is_caught_and_the_bucket_pulled_dense(sparse: SparsePub
         f.write(b"\xff" * 64)
     fetched = asyncio.run(fetcher.fetch(sparse.publish(1, 1, v1), 0, tmp_path / "v1.bin"))
     assert_same(load_arrays(fetched), v1)
+
+
+def test_a_relay_carries_dense_buckets_larger_than_the_default_message_limit(
+    sparse: SparsePublisher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full sync through a relay: the default 64 MiB bucket is larger than the default message
+    limit; the relay's link takes its limit from the manifest (scaled down here)."""
+    from rose_transfer import upstream_link
+
+    monkeypatch.setattr(upstream_link, "DEFAULT_MAX_MESSAGE_BYTES", 12 * 1024)  # < the 16 KiB buckets
+    state = random_state_dict(scale=20)
+    announce = sparse.publish(0, 0, state)
+    with Relay(secret=SECRET, upstream=sparse.source) as relay:
+        fetched = asyncio.run(
+            WeightFetcher(SECRET, "late", timeout=5.0).fetch(announce, -1, tmp_path / "w.bin", relay=relay.source)
+        )
+        assert relay.upstream_bytes >= announce.total_bytes  # it came through the relay, not the fallback
+    assert_same(load_arrays(fetched), state)

@@ -218,6 +218,14 @@ class BucketInfo(msgspec.Struct, kw_only=True):
     wire_bytes: int = 0
 
 
+class ShardView(msgspec.Struct, frozen=True, kw_only=True):
+    """Rank ``rank`` of tensor-parallel degree ``tp``: a receiver that holds only its shard of each
+    tensor, laid out as its engine's local tensors (a version's view for it has its own buckets)."""
+
+    tp: int
+    rank: int
+
+
 class WeightManifest(_Msg, tag="weight_manifest"):
     version: int
     base_version: int
@@ -226,12 +234,15 @@ class WeightManifest(_Msg, tag="weight_manifest"):
     tensors: list[TensorEntry]
     buckets: list[BucketInfo]
     digest: str
+    view: ShardView | None = None  # set: this is the version as ``view`` holds it (local tensors)
+    source_digest: str = ""  # of a view: the digest of the whole version (what announces carry)
 
 
 class FetchManifest(_Msg, tag="fetch_manifest"):
     version: int
     have_version: int = -1
     receiver_id: str = ""
+    view: ShardView | None = None  # only this shard of every tensor
 
 
 class FetchBucket(_Msg, tag="fetch_bucket"):
@@ -239,6 +250,7 @@ class FetchBucket(_Msg, tag="fetch_bucket"):
     index: int
     have_version: int = -1
     receiver_id: str = ""
+    view: ShardView | None = None  # a bucket of the version's view for this shard
 
 
 class BucketData(_Msg, tag="bucket_data"):
@@ -317,6 +329,7 @@ __all__ = [
     "Register",
     "Role",
     "SamplingParams",
+    "ShardView",
     "Shutdown",
     "StatusSnapshot",
     "StepStarted",

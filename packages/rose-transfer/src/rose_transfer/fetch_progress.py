@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rose_core.messages import WeightAnnounce, WeightManifest
+from rose_core.messages import ShardView, WeightAnnounce, WeightManifest
 from rose_transfer.errors import TransferError
 from rose_transfer.held_bases import BaseFile
 from rose_transfer.partial_file import PartialFile
@@ -25,6 +25,7 @@ class FetchProgress:
     base_buckets: frozenset[int] = frozenset()  # the buckets of ``have_version`` held, valid: patch bases
     dense_only: set[int] = field(default_factory=set)  # buckets whose patch failed: pulled dense
     sources: list[str] = field(default_factory=list)  # where to pull from, in order (relay, then source)
+    view: ShardView | None = None  # pull the version as this shard holds it; None: whole
 
     @property
     def source(self) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rose_core.auth import MIN_SECRET_BYTES
 from rose_core.errors import ConfigError, ProtocolError
-from rose_core.messages import WeightAnnounce
+from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_transfer.bucket_buffers import BucketBuffers
 from rose_transfer.bucket_sink import BucketSink
@@ -33,6 +33,7 @@ from rose_transfer.metrics import FETCH_SECONDS, RECEIVED_BYTES, RECONNECTS
 from rose_transfer.partial_file import PartialFile
 from rose_transfer.resident_commit import commit
 from rose_transfer.resident_weights import ResidentWeights
+from rose_transfer.shard_view import check_view
 from rose_transfer.tcp_address import parse_source
 from rose_transfer.transfer_client import TransferClient
 from rose_transfer.ucx_address import UCX_SCHEME, parse_ucx_source
@@ -115,15 +116,20 @@ class WeightFetcher:
         *,
         buckets: Iterable[int] | None = None,
         relay: str | None = None,
+        view: ShardView | None = None,
     ) -> FetchedInMemory:
         """Apply ``announce.version`` to the weights ``target`` holds in memory, whole or not at all.
 
         If ``target`` holds a version in the same layout, buckets come as patches against it (from a
         sparse publisher) and are written in place (O(changes)); otherwise this is a full sync. A
         bucket whose patched checksum fails rolls the whole version back and is pulled again, dense.
-        On any error ``target`` still holds its previous version, bit for bit."""
+        On any error ``target`` still holds its previous version, bit for bit. ``view``: hold only this
+        shard of every tensor, as the engine's local tensors (the publisher cuts the view; patches
+        and checksums cover only its bytes); ``buckets`` then count the view's buckets."""
+        check_view(view)
         started = time.perf_counter()
         progress = self._progress(announce, target.version, buckets, relay)
+        progress.view = view
         sink = MemorySink(self._secret, target, progress, self.window)
         try:
             await self._fetch_with_reconnects(progress, sink)
@@ -195,8 +201,10 @@ class WeightFetcher:
         )
         try:
             if progress.manifest is None:
-                manifest = await client.fetch_manifest(announce.version, progress.have_version, self.receiver_id)
-                check_manifest(manifest, version=announce.version, digest=announce.manifest_digest)
+                manifest = await client.fetch_manifest(
+                    announce.version, progress.have_version, self.receiver_id, progress.view
+                )
+                check_manifest(manifest, version=announce.version, digest=announce.manifest_digest, view=progress.view)
                 progress.manifest = manifest
                 sink.prepare(manifest)
             await client.pull(progress, sink, self.receiver_id)

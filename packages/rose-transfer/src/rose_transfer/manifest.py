@@ -18,7 +18,7 @@ import numpy as np
 import xxhash
 
 from rose_core.errors import RoseError
-from rose_core.messages import BucketInfo, TensorEntry, WeightManifest
+from rose_core.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
 from rose_transfer.dtypes import numpy_travel_form, storage_dtype, travel_dtype
 from rose_transfer.errors import TransferError
 from rose_transfer.host_buffer import host_buffer
@@ -75,7 +75,7 @@ def _travel_form(obj: Any) -> np.ndarray:
     return np.asarray(array).reshape(-1).view(np.uint8)
 
 
-def _align(n: int) -> int:
+def align_offset(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -88,7 +88,7 @@ def layout(tensors: Mapping[str, Any], shards: Mapping[str, str] | None = None) 
         if not isinstance(name, str) or not name:
             raise RoseError(f"weight names must be non-empty strings, got {name!r}")
         dtype, shape, nbytes = _describe(name, obj)
-        offset = _align(offset)
+        offset = align_offset(offset)
         shard = (shards or {}).get(name, "replicated")
         entries.append(TensorEntry(name=name, dtype=dtype, shape=shape, offset=offset, nbytes=nbytes, shard=shard))
         offset += nbytes
@@ -142,6 +142,7 @@ def manifest_digest(manifest: WeightManifest) -> str:
         manifest.bucket_bytes,
         [(t.name, t.dtype, t.shape, t.offset, t.nbytes, t.shard) for t in manifest.tensors],
         [(b.index, b.offset, b.nbytes, b.checksum) for b in manifest.buckets],
+        *((manifest.view.tp, manifest.view.rank, manifest.source_digest) if manifest.view else ()),
     )
     return xxhash.xxh3_128_hexdigest(msgspec.msgpack.encode(content))
 
@@ -157,9 +158,14 @@ def tensor_views(stream: Any, entries: list[TensorEntry]) -> dict[str, np.ndarra
     return views
 
 
-def check_manifest(manifest: WeightManifest, *, version: int, digest: str = "") -> None:
-    """Raise ``TransferError`` unless ``manifest`` is the consistent manifest of ``version``."""
+def check_manifest(
+    manifest: WeightManifest, *, version: int, digest: str = "", view: ShardView | None = None
+) -> None:
+    """Raise ``TransferError`` unless ``manifest`` is the consistent manifest of ``version`` (as
+    ``view`` holds it; ``digest``: the whole version's, from its announce)."""
     problem = _manifest_problem(manifest, version, digest)
+    if not problem and manifest.view != view:
+        problem = f"it is the view {manifest.view} where {view} was asked"
     if problem:
         raise TransferError(
             f"the manifest of weight version {version} is unusable ({problem}): "
@@ -170,7 +176,7 @@ def check_manifest(manifest: WeightManifest, *, version: int, digest: str = "") 
 def _manifest_problem(m: WeightManifest, version: int, digest: str) -> str:
     if m.version != version:
         return f"it describes version {m.version}"
-    if manifest_digest(m) != m.digest or (digest and digest != m.digest):
+    if manifest_digest(m) != m.digest or (digest and digest != (m.source_digest if m.view else m.digest)):
         return "its digest does not match"
     if m.bucket_bytes <= 0 or m.total_bytes < 0:
         return "bad sizes"

@@ -38,15 +38,18 @@ class RelayServer(TransferServer):
         if isinstance(request, Hello):
             return self._now(Welcome(controller_id=self.server_id))
         if isinstance(request, FetchManifest):
-            key: tuple[Any, ...] = (request.version, "manifest")
-            upstream: FetchManifest | FetchBucket = FetchManifest(version=request.version, receiver_id=self.server_id)
+            key: tuple[Any, ...] = (request.version, "manifest", request.view)
+            upstream: FetchManifest | FetchBucket = FetchManifest(
+                version=request.version, receiver_id=self.server_id, view=request.view
+            )
         elif isinstance(request, FetchBucket):
-            key = (request.version, request.index, request.have_version)
+            key = (request.version, request.index, request.have_version, request.view)
             upstream = FetchBucket(
                 version=request.version,
                 index=request.index,
                 have_version=request.have_version,
                 receiver_id=self.server_id,
+                view=request.view,
             )
         else:  # pragma: no cover - the request union has no other members
             raise TypeError(type(request).__name__)

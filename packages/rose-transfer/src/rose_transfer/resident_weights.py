@@ -36,6 +36,7 @@ class ResidentWeights:
             and version == self.version
             and held is not None
             and held.total_bytes == manifest.total_bytes
+            and held.view == manifest.view
             and [(b.offset, b.nbytes) for b in held.buckets] == [(b.offset, b.nbytes) for b in manifest.buckets]
         )
 

@@ -20,6 +20,7 @@ from rose_core.messages import (
     FetchBucket,
     FetchManifest,
     Hello,
+    ShardView,
     TransferReply,
     WeightManifest,
     Welcome,
@@ -96,8 +97,11 @@ class TransferClient:
         if not isinstance(reply, Welcome):
             raise TransferError(f"{self.source} answered hello with {type(reply).__name__}: is it a weight publisher?")
 
-    async def fetch_manifest(self, version: int, have_version: int, receiver_id: str) -> WeightManifest:
-        reply = await self._request(FetchManifest(version=version, have_version=have_version, receiver_id=receiver_id))
+    async def fetch_manifest(
+        self, version: int, have_version: int, receiver_id: str, view: ShardView | None = None
+    ) -> WeightManifest:
+        request = FetchManifest(version=version, have_version=have_version, receiver_id=receiver_id, view=view)
+        reply = await self._request(request)
         if isinstance(reply, ErrorReport):
             raise TransferError(f"cannot fetch weight version {version} from {self.source}: {reply.message}")
         if not isinstance(reply, WeightManifest):
@@ -140,7 +144,11 @@ class TransferClient:
 
 def _bucket_request(progress: FetchProgress, index: int, receiver_id: str) -> FetchBucket:
     return FetchBucket(
-        version=progress.version, index=index, have_version=progress.bucket_base(index), receiver_id=receiver_id
+        version=progress.version,
+        index=index,
+        have_version=progress.bucket_base(index),
+        receiver_id=receiver_id,
+        view=progress.view,
     )
 
 

@@ -31,6 +31,7 @@ from rose_core.messages import (
     FetchBucket,
     FetchManifest,
     Hello,
+    ShardView,
     TransferRequest,
     Welcome,
 )
@@ -179,13 +180,12 @@ class TransferServer:
         if served is None:
             return self._now(self._unknown_version(request.version))
         if isinstance(request, FetchManifest):
-            return self._cached(served, "manifest", lambda: served.flat.manifest)
+            view = request.view
+            return self._cached(served, ("manifest", view), lambda: served.view(view).manifest)
         if isinstance(request, FetchBucket) and 0 <= request.index < len(served.flat.manifest.buckets):
-            base = self._base(served, request.have_version)
-            if base is not None:
-                key = (request.index, base.version)
-                return self._cached(served, key, lambda: patch_reply(base.flat, served.flat, request.index))
-            return self._cached(served, request.index, lambda: self._bucket_data(served, request.index))
+            base, index, view = self._base(served, request.have_version), request.index, request.view
+            key = (index, None if base is None else base.version, view)
+            return self._cached(served, key, lambda: self._bucket_reply(served, base, index, view))
         message = f"version {request.version} has no bucket {request.index}: the receiver's manifest is stale"
         return self._now(ErrorReport(code="bad_request", message=message))
 
@@ -198,8 +198,7 @@ class TransferServer:
         """The version to patch against: the receiver's, when this server is sparse and still holds it."""
         if not self.sparse or have_version < 0 or have_version == served.version:
             return None
-        base = self._store.get(have_version)
-        return base if base is not None and same_buckets(base.flat, served.flat) else None
+        return self._store.get(have_version)
 
     def _cached(self, served: ServedVersion, key: Any, make: Callable[[], msgspec.Struct]) -> asyncio.Future[list[Any]]:
         """Sealed frames of ``make()`` (built and signed on a worker thread once per version and key)."""
@@ -210,14 +209,20 @@ class TransferServer:
         return future
 
     @staticmethod
-    def _bucket_data(served: ServedVersion, index: int) -> BucketData:
-        info = served.flat.manifest.buckets[index]
+    def _bucket_reply(
+        served: ServedVersion, base: ServedVersion | None, index: int, view: ShardView | None
+    ) -> BucketData | ErrorReport:
+        """Bucket ``index`` of ``served`` (as ``view`` holds it): a patch against ``base`` where the
+        two are cut alike, else dense. Runs on a worker thread (a view is cut on first use)."""
+        new = served.view(view)
+        if index >= len(new.manifest.buckets):
+            message = f"version {served.version} as {view} has no bucket {index}: the receiver's manifest is stale"
+            return ErrorReport(code="bad_request", message=message)
+        if base is not None and same_buckets(old := base.view(view), new):
+            return patch_reply(old, new, index)
+        info = new.manifest.buckets[index]
         return BucketData(
-            version=served.version,
-            index=index,
-            encoding="dense",
-            checksum=info.checksum,
-            data=served.flat.bucket(index),
+            version=served.version, index=index, encoding="dense", checksum=info.checksum, data=new.bucket(index)
         )
 
     def _unknown_version(self, version: int) -> ErrorReport:

@@ -17,10 +17,11 @@ from typing import Any
 import msgspec
 
 from rose_core.auth import Signer
-from rose_core.messages import Hello, TransferReply, Welcome
+from rose_core.messages import Hello, TransferReply, WeightManifest, Welcome
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer import __version__
 from rose_transfer.errors import TransferError
+from rose_transfer.file_sink import REPLY_OVERHEAD
 from rose_transfer.frame_connection import FrameConnection
 from rose_transfer.frame_socket import FrameSocket
 from rose_transfer.tcp_address import parse_source
@@ -93,13 +94,20 @@ class UpstreamLink:
             raise TransferError(f"the publisher at {self.source} refused the relay: check the shared secret")
 
     async def _read(self, conn: FrameConnection) -> None:
-        framer = Framer(Signer(self._secret), TransferReply, DEFAULT_MAX_MESSAGE_BYTES)
+        """Verify and hand over replies in order. The size limit grows to a manifest's bucket size (plus
+        the reply's framing) when one passes: a dense bucket of the default 64 MiB is larger than the
+        default message limit."""
+        limit = DEFAULT_MAX_MESSAGE_BYTES
+        framer = Framer(Signer(self._secret), TransferReply, limit)
         loop = asyncio.get_running_loop()
         try:
             while True:
-                frames = await conn.recv(DEFAULT_MAX_MESSAGE_BYTES, idle_timeout=self._timeout)
+                frames = await conn.recv(limit, idle_timeout=self._timeout)
                 self.bytes_received += sum(memoryview(f).nbytes for f in frames)
-                await loop.run_in_executor(None, framer.open, frames)  # verify before forwarding
+                reply = await loop.run_in_executor(None, framer.open, frames)  # verify before forwarding
+                if isinstance(reply, WeightManifest) and reply.bucket_bytes + REPLY_OVERHEAD > limit:
+                    limit = reply.bucket_bytes + REPLY_OVERHEAD
+                    framer = Framer(Signer(self._secret), TransferReply, limit)
                 if self._waiting:
                     future = self._waiting.popleft()
                     if not future.done():

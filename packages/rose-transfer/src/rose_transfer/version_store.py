@@ -7,19 +7,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rose_core.errors import RoseError
+from rose_core.messages import ShardView
 from rose_transfer.manifest import FlatVersion
+from rose_transfer.shard_view import view_version
 
 
 @dataclass(slots=True)
 class ServedVersion:
-    """A version being served. ``sealed`` caches signed reply frames; only the server's loop touches it."""
+    """A version being served. ``sealed`` caches signed reply frames; only the server's loop touches it.
+    ``view`` cuts shard views on first use (on worker threads) and keeps them with the version."""
 
     flat: FlatVersion
     sealed: dict[Any, Any] = field(default_factory=dict)
+    views: dict[ShardView, FlatVersion] = field(default_factory=dict)
+    views_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def version(self) -> int:
         return self.flat.manifest.version
+
+    def view(self, view: ShardView | None) -> FlatVersion:
+        """The version as ``view`` holds it (None: whole)."""
+        if view is None:
+            return self.flat
+        with self.views_lock:
+            cut = self.views.get(view)
+            if cut is None:
+                cut = self.views[view] = view_version(self.flat, view)
+            return cut
 
 
 class VersionStore:
