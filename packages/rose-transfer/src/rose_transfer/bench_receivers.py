@@ -53,12 +53,20 @@ class ReceiverRun:
 
 
 async def fetch_and_trim(
-    name: str, fetch: Callable[[], Awaitable[FetchedInMemory]], held: ResidentWeights, slicer: Slicer
+    name: str, fetch: Callable[[], Awaitable[FetchedInMemory]], held: ResidentWeights, slicer: Slicer | None
 ) -> ReceiverRun:
+    """Fetch, then copy the slice out (``slicer``; None for a receiver holding its shard view, whose
+    resident weights are already its engine's local tensors)."""
     started = time.perf_counter()
     fetched = await fetch()
-    await asyncio.to_thread(_trim_held, held, slicer)
+    if slicer is not None:
+        await asyncio.to_thread(_trim_held, held, slicer)
     return ReceiverRun(name, fetched.bytes_received, time.perf_counter() - started)
+
+
+def view_digests(held: ResidentWeights) -> dict[str, str]:
+    """Digests of each local tensor a shard view holds, comparable with ``Slicer.digests``."""
+    return {name: xxhash.xxh64(array.reshape(-1).view(np.uint8).data).hexdigest() for name, array in held.arrays().items()}
 
 
 def _trim_held(held: ResidentWeights, slicer: Slicer) -> dict[str, np.ndarray]:

@@ -10,9 +10,11 @@ and neither system writes a file.
 
 (a) baseline: every receiver pulls the whole new version dense from the publisher into memory, then
     trims its slice.
-(b) ROSE: every receiver holds version 0 (fetched before timing) and pulls only the buckets its shard
-    needs, as patches against version 0 applied in place (``fetch_into``); clusters other than the
-    publisher's pull through one relay each. Then it trims its slice.
+(b) ROSE: every receiver holds version 0 (fetched before timing) as its shard view: its rank's slice
+    of every tensor, laid out as its engine's local tensors (``shard_view``). It pulls that view's
+    buckets as patches against version 0, applied in place (``fetch_into``); clusters other than the
+    publisher's pull through one relay each. Nothing to trim: what it holds is its engine's weights.
+    (With ``--dest-tp 1`` it holds the whole version, pulls the buckets its plan needs, and trims.)
 Both timings run from the announcement until every receiver holds its slice; every slice is then
 compared with the publisher's version bit for bit."""
 
@@ -29,10 +31,10 @@ import msgspec
 import numpy as np
 
 from rose_core.errors import ConfigError
-from rose_core.messages import WeightAnnounce
+from rose_core.messages import ShardView, WeightAnnounce
 from rose_transfer.bench_model import adam_versions, llama_shape, shard_specs
 from rose_transfer.bench_progress import BenchProgress
-from rose_transfer.bench_receivers import ReceiverRun, Slicer, fetch_and_trim
+from rose_transfer.bench_receivers import ReceiverRun, Slicer, fetch_and_trim, view_digests
 from rose_transfer.codec_speed import CodecSpeed, codec_speed
 from rose_transfer.fetcher import WeightFetcher
 from rose_transfer.link_pacer import LinkPacer
@@ -126,6 +128,7 @@ class _Held:
 
     rose: dict[str, ResidentWeights] = field(default_factory=dict)
     dense: dict[str, ResidentWeights] = field(default_factory=dict)
+    rose_base: dict[str, tuple[np.ndarray, Any]] = field(default_factory=dict)  # version 0 as each holds it
 
 
 def _run(setup: _Setup, bar: BenchProgress) -> dict[str, Any]:
@@ -140,7 +143,7 @@ def _run(setup: _Setup, bar: BenchProgress) -> dict[str, Any]:
     publish_seconds = time.perf_counter() - started
     del v0, v1
     new, old = setup.publisher.stream(1), setup.publisher.stream(0)
-    manifest, manifest0 = _manifest(setup, a1), _manifest(setup, a0)
+    manifest = _manifest(setup, a1)
     setup.slicers = {r.name: Slicer.of(manifest.tensors, r.tp, r.rank) for r in setup.receivers}
     bar.stage("codec speed (one core)")
     speed = codec_speed(old, new, manifest)
@@ -154,7 +157,7 @@ def _run(setup: _Setup, bar: BenchProgress) -> dict[str, Any]:
     baselines, roses = [], []
     for _ in range(cfg.repeat):
         baselines.append(_timed(setup, lambda: _baseline(setup, a1)))
-        _restore_base(setup, old, manifest0)
+        _restore_base(setup)
         roses.append(_rose_phase(setup, a1, fetchers, manifest))
     baseline, rose = _median(baselines), _median(roses)
     bar.stage("bit-exact check")
@@ -211,7 +214,7 @@ def _rose_phase(setup: _Setup, a1: WeightAnnounce, fetchers: dict[str, WeightFet
     """One timed ROSE transfer through fresh relays (so every run crosses the slow links itself)."""
     relays = _relays(setup)
     try:
-        phase = _timed(setup, lambda: _rose(setup, a1, fetchers, relays, manifest))
+        phase = _timed(setup, lambda: _rose(setup, a1, fetchers, relays, manifest), setup.held.rose)
         phase.relayed = sum(relay.upstream_bytes for relay in relays.values())
         return phase
     finally:
@@ -219,13 +222,16 @@ def _rose_phase(setup: _Setup, a1: WeightAnnounce, fetchers: dict[str, WeightFet
             relay.close()
 
 
-def _timed(setup: _Setup, make: Any) -> _Phase:
+def _timed(setup: _Setup, make: Any, held: dict[str, ResidentWeights] | None = None) -> _Phase:
+    """Run ``make()`` timed; then (untimed) digest what each receiver holds: its trimmed slices, or
+    its shard view in ``held``."""
     crossed = setup.crossed()
     started, cpu = time.perf_counter(), time.process_time()
     runs = asyncio.run(make())
     phase = _Phase(runs, time.perf_counter() - started, setup.crossed() - crossed, time.process_time() - cpu)
     for run in runs:  # untimed: what each receiver holds now, before the next run overwrites it
-        run.digests = setup.slicers[run.name].digests()
+        viewed = held[run.name] if held is not None and _view(setup, run.name) else None
+        run.digests = view_digests(viewed) if viewed is not None else setup.slicers[run.name].digests()
     return phase
 
 
@@ -252,18 +258,32 @@ async def _take_base(setup: _Setup, a0: WeightAnnounce, manifest: Any) -> dict[s
         held.reserve(manifest.total_bytes)  # as warm as the ROSE receivers' memory
     await asyncio.gather(
         *(
-            fetchers[r.name].fetch_into(a0, setup.held.rose[r.name], buckets=plan.needed[_ep(r)])
+            fetchers[r.name].fetch_into(a0, setup.held.rose[r.name], **_shard_of(setup, r, plan))
             for r in setup.receivers
         )
     )
+    setup.held.rose_base = {name: (held.stream.copy(), held.manifest) for name, held in setup.held.rose.items()}
     return fetchers
 
 
-def _restore_base(setup: _Setup, old: np.ndarray, manifest0: Any) -> None:
+def _view(setup: _Setup, name: str) -> ShardView | None:
+    """The shard view receiver ``name`` holds (None: the whole version, with ``--dest-tp 1``)."""
+    receiver = next(r for r in setup.receivers if r.name == name)
+    return ShardView(tp=receiver.tp, rank=receiver.rank) if receiver.tp > 1 else None
+
+
+def _shard_of(setup: _Setup, receiver: Receiver, plan: TransferPlan) -> dict[str, Any]:
+    """How ``receiver`` pulls its shard: as a view, or (``--dest-tp 1``) the buckets its plan needs."""
+    view = _view(setup, receiver.name)
+    return {"view": view} if view is not None else {"buckets": plan.needed[_ep(receiver)]}
+
+
+def _restore_base(setup: _Setup) -> None:
     """Untimed: every ROSE receiver holds version 0 again (its buckets), as before the first run."""
-    for held in setup.held.rose.values():
+    for name, held in setup.held.rose.items():
         if held.version != 0:
-            held.stream[:] = old
+            stream, manifest0 = setup.held.rose_base[name]
+            held.stream[:] = stream
             held.set_version(manifest0, held.valid)
 
 
@@ -301,9 +321,10 @@ async def _rose(
     for r in setup.receivers:
         announce = msgspec.structs.replace(a1, source=setup.source_for(r))
         relay = relays[r.cluster].source if r.cluster in relays else None
-        held = setup.held.rose[r.name]
-        fetch = functools.partial(fetchers[r.name].fetch_into, announce, held, buckets=plan.needed[_ep(r)], relay=relay)
-        tasks.append(fetch_and_trim(r.name, fetch, held, setup.slicers[r.name]))
+        held, shard = setup.held.rose[r.name], _shard_of(setup, r, plan)
+        fetch = functools.partial(fetchers[r.name].fetch_into, announce, held, relay=relay, **shard)
+        slicer = None if "view" in shard else setup.slicers[r.name]  # a view is the engine's weights
+        tasks.append(fetch_and_trim(r.name, fetch, held, slicer))
     return list(await asyncio.gather(*tasks))
 
 
