@@ -30,3 +30,36 @@ def test_fetch_over_ucx_is_bit_exact(tmp_path: Path) -> None:
         )
         fetched = asyncio.run(WeightFetcher(SECRET, "r0", timeout=10.0).fetch(ucx_announce, -1, tmp_path / "v0.bin"))
         assert_same(load_arrays(fetched), state)
+
+
+def test_views_through_a_relay_over_ucx_never_fall_back() -> None:
+    """Two shard views through one relay ask the publisher different things at once over one UCX
+    link: each message must go out whole (they used to interleave and the link broke)."""
+    import msgspec
+
+    from rose_core.messages import ShardView
+    from rose_transfer import ResidentWeights
+    from rose_transfer.relay import Relay
+
+    from .test_shard_views import SHARDS, _slices, _state
+
+    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0, bucket_bytes=8 * 1024) as pub:
+        state = _state(4)
+        announce = msgspec.structs.replace(pub.publish(0, 0, state, shards=SHARDS), source="tcp://127.0.0.1:9")
+        with Relay(secret=SECRET, upstream=pub.open_ucx()) as relay:  # no fallback: the source is dead
+
+            async def both() -> list[ResidentWeights]:
+                targets = [ResidentWeights(), ResidentWeights()]
+                await asyncio.gather(
+                    *(
+                        WeightFetcher(SECRET, f"r{rank}", timeout=10.0, max_reconnects=0).fetch_into(
+                            announce, target, relay=relay.source, view=ShardView(tp=2, rank=rank)
+                        )
+                        for rank, target in enumerate(targets)
+                    )
+                )
+                return targets
+
+            for rank, target in enumerate(asyncio.run(both())):
+                got, want = target.arrays(), _slices(state, 2, rank)
+                assert {n: a.tobytes() for n, a in got.items()} == {n: a.tobytes() for n, a in want.items()}

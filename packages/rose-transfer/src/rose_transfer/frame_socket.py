@@ -42,6 +42,7 @@ class FrameSocket:
         self._end = 0
         self.bytes_received = 0
         self.bytes_sent = 0
+        self._sending = asyncio.Lock()  # one message's frames go out together, whoever else sends
 
     def close(self) -> None:
         self.sock.close()
@@ -49,6 +50,10 @@ class FrameSocket:
     # ---------------------------------------------------------------- send
 
     async def send(self, frames: Sequence[Any]) -> None:
+        async with self._sending:
+            await self._send_message(frames)
+
+    async def _send_message(self, frames: Sequence[Any]) -> None:
         views = [memoryview(f).cast("B") for f in frames]
         prefix = _COUNT.pack(len(views)) + struct.pack(f">{len(views)}Q", *(v.nbytes for v in views))
         pending: list[bytes | memoryview] = [prefix]

@@ -14,7 +14,7 @@ from typing import Any
 
 from rose_core.auth import MIN_SECRET_BYTES, POLY1305
 from rose_core.errors import ConfigError, RoseError
-from rose_core.messages import WeightAnnounce
+from rose_core.messages import ShardView, WeightAnnounce
 from rose_transfer.link_pacer import LinkPacer
 from rose_transfer.loop_thread import LoopThread
 from rose_transfer.manifest import DEFAULT_BUCKET_BYTES, flatten
@@ -105,10 +105,10 @@ class DensePublisher:
 
         return self._thread.submit(start()).result()
 
-    def stream(self, version: int) -> Any:
-        """The flat bytes (uint8) of a version still served, or None."""
+    def stream(self, version: int, view: ShardView | None = None) -> Any:
+        """The flat bytes (uint8) of a version still served (as ``view`` holds it), or None."""
         served = self._store.get(version)
-        return None if served is None else served.flat.stream
+        return None if served is None else served.view(view).stream
 
     def versions(self) -> list[int]:
         """The versions currently fetchable, oldest first."""

@@ -40,12 +40,17 @@ class UcxFrameSocket:
         self.pacer = pacer
         self.bytes_received = 0
         self.bytes_sent = 0
+        self._sending = asyncio.Lock()  # one message's pieces go out together, whoever else sends
 
     def close(self) -> None:
         if not self._ep.closed:
             self._ep.abort()
 
     async def send(self, frames: Sequence[Any]) -> None:
+        async with self._sending:
+            await self._send_message(frames)
+
+    async def _send_message(self, frames: Sequence[Any]) -> None:
         views = [memoryview(f).cast("B") for f in frames]
         if not 0 < len(views) <= MAX_FRAMES:
             raise ValueError(f"a message has 1 to {MAX_FRAMES} frames, not {len(views)}")

@@ -20,7 +20,8 @@ class ServedVersion:
     flat: FlatVersion
     sealed: dict[Any, Any] = field(default_factory=dict)
     views: dict[ShardView, FlatVersion] = field(default_factory=dict)
-    views_lock: threading.Lock = field(default_factory=threading.Lock)
+    view_locks: dict[ShardView, threading.Lock] = field(default_factory=dict)
+    locks_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def version(self) -> int:
@@ -30,7 +31,9 @@ class ServedVersion:
         """The version as ``view`` holds it (None: whole)."""
         if view is None:
             return self.flat
-        with self.views_lock:
+        with self.locks_lock:
+            lock = self.view_locks.setdefault(view, threading.Lock())
+        with lock:  # one cut per view; different views are cut in parallel
             cut = self.views.get(view)
             if cut is None:
                 cut = self.views[view] = view_version(self.flat, view)
