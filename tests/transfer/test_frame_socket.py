@@ -29,7 +29,7 @@ def test_concurrent_senders_never_interleave_their_frames() -> None:
         return got[0]
 
     messages = asyncio.run(run())
-    for tag, index, big in messages:
+    for tag, _index, big in messages:
         assert len(big) == 3 << 20 and set(big) == {tag[0]}
     for tag in (1, 2):
         assert [int.from_bytes(m[1], "big") for m in messages if m[0][0] == tag] == list(range(6))
