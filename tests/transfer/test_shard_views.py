@@ -16,7 +16,7 @@ from rose_transfer.manifest import check_manifest
 from rose_transfer.relay import Relay
 from rose_transfer.sparse_publisher import SparsePublisher
 
-from .conftest import SECRET
+from .conftest import SECRET, assert_same
 from .test_sparse_relay import _next_version
 
 SHARDS = {"attn.q.weight": "column", "attn.o.weight": "row", "embed.weight": "vocab"}
@@ -45,14 +45,6 @@ def _slices(state: dict[str, np.ndarray], tp: int, rank: int) -> dict[str, np.nd
     return out
 
 
-def _assert_holds(target: ResidentWeights, want: dict[str, np.ndarray]) -> None:
-    got = target.arrays()
-    assert list(got) == list(want)
-    for name, array in want.items():
-        assert got[name].shape == array.shape, name
-        assert got[name].tobytes() == array.tobytes(), name
-
-
 @pytest.fixture
 def sparse() -> Iterator[SparsePublisher]:
     pub = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0, bucket_bytes=8 * 1024)
@@ -68,7 +60,7 @@ def test_each_rank_holds_its_slices_and_later_versions_travel_as_patches(sparse:
     fetchers = {rank: WeightFetcher(SECRET, f"rank{rank}", timeout=5.0) for rank in (0, 1)}
     for rank, target in targets.items():
         fetched = asyncio.run(fetchers[rank].fetch_into(announce, target, view=ShardView(tp=2, rank=rank)))
-        _assert_holds(target, _slices(state, 2, rank))
+        assert_same(target.arrays(), _slices(state, 2, rank))
         assert fetched.bytes_received < whole * 0.6  # half of each sharded tensor, all of the norm
     for version in (1, 2):
         state = {name: array for name, array in _next_version(state, version).items()}
@@ -76,7 +68,7 @@ def test_each_rank_holds_its_slices_and_later_versions_travel_as_patches(sparse:
         for rank, target in targets.items():
             fetched = asyncio.run(fetchers[rank].fetch_into(announce, target, view=ShardView(tp=2, rank=rank)))
             assert fetched.patched_buckets > 0 and fetched.bytes_received < whole * 0.2
-            _assert_holds(target, _slices(state, 2, rank))
+            assert_same(target.arrays(), _slices(state, 2, rank))
 
 
 def test_views_through_one_relay_are_exact_for_every_rank(sparse: SparsePublisher) -> None:
@@ -88,7 +80,7 @@ def test_views_through_one_relay_are_exact_for_every_rank(sparse: SparsePublishe
                 target = ResidentWeights()
                 fetcher = WeightFetcher(SECRET, f"r{rank}", timeout=5.0)
                 asyncio.run(fetcher.fetch_into(announce, target, relay=relay.source, view=ShardView(tp=4, rank=rank)))
-                _assert_holds(target, _slices(state, 4, rank))
+                assert_same(target.arrays(), _slices(state, 4, rank))
             state = _next_version(state, 7)
         assert relay.upstream_bytes > 0
 
@@ -101,9 +93,9 @@ def test_holding_another_shard_means_a_full_sync(sparse: SparsePublisher) -> Non
     announce = sparse.publish(1, 1, state, shards=SHARDS)
     fetched = asyncio.run(fetcher.fetch_into(announce, target, view=ShardView(tp=2, rank=1)))
     assert fetched.patched_buckets == 0
-    _assert_holds(target, _slices(state, 2, 1))
+    assert_same(target.arrays(), _slices(state, 2, 1))
     asyncio.run(fetcher.fetch_into(announce, target))  # and back to the whole version
-    _assert_holds(target, state)
+    assert_same(target.arrays(), state)
 
 
 def test_a_manifest_of_another_view_or_version_is_refused(sparse: SparsePublisher) -> None:
