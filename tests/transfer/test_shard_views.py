@@ -111,3 +111,13 @@ def test_a_manifest_of_another_view_or_version_is_refused(sparse: SparsePublishe
         check_manifest(target.manifest, version=0, digest="0" * 32, view=ShardView(tp=2, rank=1))
     with pytest.raises(RoseError, match=r"rank 0\.\.tp-1"):
         asyncio.run(fetcher.fetch_into(announce, target, view=ShardView(tp=2, rank=2)))
+
+
+def test_a_view_the_version_cannot_be_cut_into_is_refused_with_the_reason(sparse: SparsePublisher) -> None:
+    announce = sparse.publish(0, 0, _state(5), shards=SHARDS)
+    fetcher = WeightFetcher(SECRET, "odd", timeout=5.0)
+    with pytest.raises(TransferError, match=r"tensor-parallel degree 5.*divides it"):
+        asyncio.run(fetcher.fetch_into(announce, ResidentWeights(), view=ShardView(tp=5, rank=0)))
+    target = ResidentWeights()  # the publisher still serves everyone else
+    asyncio.run(fetcher.fetch_into(announce, target, view=ShardView(tp=2, rank=0)))
+    assert_same(target.arrays(), _slices(_state(5), 2, 0))

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from rose_core.auth import POLY1305, Signer, check_mac_scheme
-from rose_core.errors import ProtocolError
+from rose_core.errors import ProtocolError, RoseError
 from rose_core.messages import (
     BucketData,
     ErrorReport,
@@ -33,6 +33,7 @@ from rose_core.messages import (
     Hello,
     ShardView,
     TransferRequest,
+    WeightManifest,
     Welcome,
 )
 from rose_core.metrics import REJECTED_MESSAGES
@@ -181,7 +182,7 @@ class TransferServer:
             return self._now(self._unknown_version(request.version))
         if isinstance(request, FetchManifest):
             view = request.view
-            return self._cached(served, ("manifest", view), lambda: served.view(view).manifest)
+            return self._cached(served, ("manifest", view), lambda: self._manifest_reply(served, view))
         if isinstance(request, FetchBucket) and 0 <= request.index < len(served.flat.manifest.buckets):
             base, index, view = self._base(served, request.have_version), request.index, request.view
             key = (index, None if base is None else base.version, view)
@@ -209,16 +210,27 @@ class TransferServer:
         return future
 
     @staticmethod
+    def _manifest_reply(served: ServedVersion, view: ShardView | None) -> WeightManifest | ErrorReport:
+        try:
+            return served.view(view).manifest
+        except RoseError as exc:
+            return _unservable(served, view, exc)
+
+    @staticmethod
     def _bucket_reply(
         served: ServedVersion, base: ServedVersion | None, index: int, view: ShardView | None
     ) -> BucketData | ErrorReport:
         """Bucket ``index`` of ``served`` (as ``view`` holds it): a patch against ``base`` where the
         two are cut alike, else dense. Runs on a worker thread (a view is cut on first use)."""
-        new = served.view(view)
+        try:
+            new = served.view(view)
+            old = None if base is None else base.view(view)
+        except RoseError as exc:
+            return _unservable(served, view, exc)
         if index >= len(new.manifest.buckets):
             message = f"version {served.version} as {view} has no bucket {index}: the receiver's manifest is stale"
             return ErrorReport(code="bad_request", message=message)
-        if base is not None and same_buckets(old := base.view(view), new):
+        if old is not None and same_buckets(old, new):
             return patch_reply(old, new, index)
         info = new.manifest.buckets[index]
         return BucketData(
@@ -232,6 +244,12 @@ class TransferServer:
             "fetch the version of the newest announce"
         )
         return ErrorReport(code="unknown_version", message=message, ref=str(version))
+
+
+def _unservable(served: ServedVersion, view: ShardView | None, exc: RoseError) -> ErrorReport:
+    """The refusal of a view this version cannot be cut into (a degree that does not divide it, ...)."""
+    where = "" if view is None else f" as rank {view.rank} of tensor-parallel degree {view.tp}"
+    return ErrorReport(code="bad_request", message=f"cannot serve weight version {served.version}{where}: {exc}")
 
 
 def _peer_name(address: Any) -> str:

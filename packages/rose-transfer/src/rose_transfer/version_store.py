@@ -11,6 +11,8 @@ from rose_core.messages import ShardView
 from rose_transfer.manifest import FlatVersion
 from rose_transfer.shard_view import view_version
 
+MAX_VIEWS = 64  # shard views cut per version (each may be as large as the version)
+
 
 @dataclass(slots=True)
 class ServedVersion:
@@ -32,6 +34,8 @@ class ServedVersion:
         if view is None:
             return self.flat
         with self.locks_lock:
+            if view not in self.view_locks and len(self.view_locks) >= MAX_VIEWS:
+                raise RoseError(f"this version already serves {MAX_VIEWS} shard views: no more are cut")
             lock = self.view_locks.setdefault(view, threading.Lock())
         with lock:  # one cut per view; different views are cut in parallel
             cut = self.views.get(view)
