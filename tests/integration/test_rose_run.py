@@ -57,8 +57,11 @@ def test_weight_version_advances_every_step(run_report: dict) -> None:
 
 
 def test_serving_endpoint_answered_throughout(run_report: dict) -> None:
-    for step in run_report["steps"]:
-        assert step["serving_requests"] > 0, f"no production traffic answered during step {step['step']}"
+    """Every production request that arrived, during rollouts, training and weight reloads alike, was
+    answered. (Not a count per step: at the calm rate of 1 request/s a step shorter than 3 s can see no
+    arrival at all, and one did in CI when a trained policy ended its turns early.)"""
+    assert sum(step["serving_requests"] for step in run_report["steps"]) > 0
+    assert run_report["serving_requests"] > 0
     assert run_report["serving_failed_requests"] == 0
 
 
