@@ -41,7 +41,7 @@ class Slicer:
         return self.weights
 
     def digests(self, slices: dict[str, np.ndarray] | None = None) -> dict[str, str]:
-        return {name: xxhash.xxh64(array.data).hexdigest() for name, array in (slices or self.weights).items()}
+        return digests(slices or self.weights)
 
 
 @dataclass(slots=True)
@@ -64,9 +64,12 @@ async def fetch_and_trim(
     return ReceiverRun(name, fetched.bytes_received, time.perf_counter() - started)
 
 
-def view_digests(held: ResidentWeights) -> dict[str, str]:
-    """Digests of each local tensor a shard view holds, comparable with ``Slicer.digests``."""
-    return {name: xxhash.xxh64(array.reshape(-1).view(np.uint8).data).hexdigest() for name, array in held.arrays().items()}
+def digests(arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """xxh64 of each array's bytes: a trimmed slice, or a local tensor a shard view holds."""
+    return {
+        name: xxhash.xxh64(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data).hexdigest()
+        for name, array in arrays.items()
+    }
 
 
 def _trim_held(held: ResidentWeights, slicer: Slicer) -> dict[str, np.ndarray]:

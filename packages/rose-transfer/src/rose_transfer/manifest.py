@@ -9,7 +9,7 @@ covers the version, the layout and the bucket checksums, not how buckets travel 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +115,32 @@ def flatten(
 ) -> FlatVersion:
     """Copy ``tensors`` (name -> numpy array or torch tensor) into one stream and describe it."""
     entries, total = layout(tensors, shards)
+    objects = dict(zip((e.name for e in entries), tensors.values(), strict=True))
+
+    def fill(entry: TensorEntry, region: np.ndarray) -> None:
+        region[:] = _travel_form(objects[entry.name])
+
+    return build_version(entries, total, fill, version=version, bucket_bytes=bucket_bytes, base_version=base_version)
+
+
+def build_version(
+    entries: list[TensorEntry],
+    total: int,
+    fill: Callable[[TensorEntry, np.ndarray], None],
+    *,
+    version: int,
+    bucket_bytes: int,
+    base_version: int = -1,
+    view: ShardView | None = None,
+    source_digest: str = "",
+) -> FlatVersion:
+    """A stream of ``total`` bytes laid out as ``entries`` (``fill`` writes each tensor's region, the
+    padding between them is zero), cut into checksummed buckets and described by a digested manifest."""
     stream = host_buffer(total)
     end = 0
-    for entry, obj in zip(entries, tensors.values(), strict=True):
+    for entry in entries:
         stream[end : entry.offset] = 0
-        stream[entry.offset : entry.offset + entry.nbytes] = _travel_form(obj)
+        fill(entry, stream[entry.offset : entry.offset + entry.nbytes])
         end = entry.offset + entry.nbytes
     manifest = WeightManifest(
         version=version,
@@ -129,6 +150,8 @@ def flatten(
         tensors=entries,
         buckets=plan_buckets(stream, bucket_bytes),
         digest="",
+        view=view,
+        source_digest=source_digest,
     )
     manifest.digest = manifest_digest(manifest)
     return FlatVersion(manifest=manifest, stream=stream)
@@ -163,9 +186,7 @@ def check_manifest(
 ) -> None:
     """Raise ``TransferError`` unless ``manifest`` is the consistent manifest of ``version`` (as
     ``view`` holds it; ``digest``: the whole version's, from its announce)."""
-    problem = _manifest_problem(manifest, version, digest)
-    if not problem and manifest.view != view:
-        problem = f"it is the view {manifest.view} where {view} was asked"
+    problem = _manifest_problem(manifest, version, digest, view)
     if problem:
         raise TransferError(
             f"the manifest of weight version {version} is unusable ({problem}): "
@@ -173,9 +194,11 @@ def check_manifest(
         )
 
 
-def _manifest_problem(m: WeightManifest, version: int, digest: str) -> str:
+def _manifest_problem(m: WeightManifest, version: int, digest: str, view: ShardView | None) -> str:
     if m.version != version:
         return f"it describes version {m.version}"
+    if m.view != view:
+        return f"it is the view {m.view} where {view} was asked"
     if manifest_digest(m) != m.digest or (digest and digest != (m.source_digest if m.view else m.digest)):
         return "its digest does not match"
     if m.bucket_bytes <= 0 or m.total_bytes < 0:

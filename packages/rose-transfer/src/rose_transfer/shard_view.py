@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from rose_core.errors import RoseError
-from rose_core.messages import ShardView, TensorEntry, WeightManifest
+from rose_core.messages import ShardView, TensorEntry
 from rose_transfer.dtypes import storage_dtype
-from rose_transfer.host_buffer import host_buffer
-from rose_transfer.manifest import FlatVersion, align_offset, manifest_digest, plan_buckets
+from rose_transfer.manifest import FlatVersion, align_offset, build_version
 from rose_transfer.shard_plan import assemble, receiver_segments
 from rose_transfer.shard_spec import ShardSpec, local_shape
 
@@ -36,22 +37,17 @@ def view_version(whole: FlatVersion, view: ShardView) -> FlatVersion:
         offset = align_offset(offset)
         entries.append(TensorEntry(name=entry.name, dtype=entry.dtype, shape=shape, offset=offset, nbytes=nbytes))
         offset += nbytes
-    stream = host_buffer(offset)
-    end = 0
-    for local in entries:
-        stream[end : local.offset] = 0
-        assemble(plans[local.name], [whole.stream], stream[local.offset : local.offset + local.nbytes])
-        end = local.offset + local.nbytes
-    viewed = WeightManifest(
+
+    def fill(local: TensorEntry, region: np.ndarray) -> None:
+        assemble(plans[local.name], [whole.stream], region)
+
+    return build_version(
+        entries,
+        offset,
+        fill,
         version=manifest.version,
-        base_version=manifest.base_version,
-        total_bytes=offset,
         bucket_bytes=manifest.bucket_bytes,
-        tensors=entries,
-        buckets=plan_buckets(stream, manifest.bucket_bytes),
-        digest="",
+        base_version=manifest.base_version,
         view=view,
         source_digest=manifest.digest,
     )
-    viewed.digest = manifest_digest(viewed)
-    return FlatVersion(manifest=viewed, stream=stream)

@@ -37,7 +37,7 @@ from rose_core.errors import ConfigError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_transfer.bench_model import adam_versions, llama_shape, shard_specs
 from rose_transfer.bench_progress import BenchProgress
-from rose_transfer.bench_receivers import ReceiverRun, Slicer, fetch_and_trim, view_digests
+from rose_transfer.bench_receivers import ReceiverRun, Slicer, digests, fetch_and_trim
 from rose_transfer.codec_speed import CodecSpeed, codec_speed
 from rose_transfer.fetcher import WeightFetcher
 from rose_transfer.link_pacer import LinkPacer
@@ -234,7 +234,7 @@ def _timed(setup: _Setup, make: Any, held: dict[str, ResidentWeights] | None = N
     phase = _Phase(runs, time.perf_counter() - started, setup.crossed() - crossed, time.process_time() - cpu)
     for run in runs:  # untimed: what each receiver holds now, before the next run overwrites it
         viewed = held[run.name] if held is not None and _view(setup, run.name) else None
-        run.digests = view_digests(viewed) if viewed is not None else setup.slicers[run.name].digests()
+        run.digests = digests(viewed.arrays()) if viewed is not None else setup.slicers[run.name].digests()
     return phase
 
 
