@@ -51,6 +51,9 @@ def test_interrupt_stops_every_child(tmp_path: Path) -> None:
     rest, _ = proc.communicate(timeout=120)
     output = "".join(lines) + rest
     assert "interrupted" in output, output[-3000:]
-    assert proc.returncode in (1, 130), output[-3000:]
+    # 1: stopped early; 130 or -SIGINT: the conventional Ctrl-C exits (one CI run ended -2 after printing
+    # its report, with every child already stopped; the orphan check below is what this test is for)
+    assert proc.returncode in (1, 130, -signal.SIGINT), output[-3000:]
+    assert "stopped early: interrupted" in output, output[-3000:]
     time.sleep(1.0)
     assert _processes_mentioning(marker) == [], "processes left behind after Ctrl-C"
