@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rose_core.errors import ConfigError, MissingExtraError
+from rose_core.errors import ConfigError, require_extra
 
 SECRET_ENV = "ROSE_SECRET"
 SECRET_FILE_ENV = "ROSE_SECRET_FILE"
@@ -92,10 +92,8 @@ class Signer:
 
 
 def _poly1305() -> Any:
-    try:
+    with require_extra("cryptography (the fast Poly1305 MAC of weight buckets)", "cryptography"):
         from cryptography.hazmat.primitives.poly1305 import Poly1305
-    except ImportError as exc:
-        raise MissingExtraError("cryptography (the fast Poly1305 MAC of weight buckets)", "cryptography") from exc
     return Poly1305
 
 

@@ -13,7 +13,7 @@ import msgspec
 
 from rose_core import __version__
 from rose_core.config import RunConfig, dump_config, load_config
-from rose_core.errors import RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_core.messages import StepStatus
 
 
@@ -167,10 +167,9 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
 
 
 def _require_matplotlib() -> None:
-    try:
+    """Fail before the (long) simulation, not after it, when --plot cannot be drawn."""
+    with require_extra("matplotlib (for --plot)", "'rose-core[sim]'"):
         import matplotlib  # noqa: F401
-    except ImportError:
-        _fail("--plot needs matplotlib: run `pip install 'rose-core[sim]'`")
 
 
 def _sim_progress(enabled: bool) -> Any:

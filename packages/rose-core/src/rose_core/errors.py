@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class RoseError(Exception):
     """An error meant for a person: printed as one line by the CLI, never as a traceback."""
@@ -17,6 +20,17 @@ class MissingExtraError(RoseError):
     def __init__(self, what: str, install: str) -> None:
         super().__init__(f"{what} is not installed: run `pip install {install}`")
         self.install = install
+
+
+@contextmanager
+def require_extra(what: str, install: str) -> Iterator[None]:
+    """The one guard for an optional dependency: the imports stay plain statements (seen by grep, mypy and the
+    import contracts) inside ``with require_extra("torch", "rose-core[train]"): import torch``; an
+    ``ImportError`` there becomes a ``MissingExtraError`` that names the pip command."""
+    try:
+        yield
+    except ImportError as exc:
+        raise MissingExtraError(what, install) from exc
 
 
 class ProtocolError(Exception):

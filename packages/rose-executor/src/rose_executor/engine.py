@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rose_core.errors import MissingExtraError, RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_core.messages import SamplingParams, TensorEntry
 from rose_executor.live_request import LiveRequest
 from rose_executor.serving_monitor import EngineStatsObserver
 
-try:
+with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -30,8 +30,6 @@ try:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
-except ImportError as exc:  # pragma: no cover - depends on the installed extra
-    raise MissingExtraError("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)") from exc
 
 log = logging.getLogger(__name__)
 Purpose = Literal["serving", "rollout"]

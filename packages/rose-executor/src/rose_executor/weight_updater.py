@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rose_core.errors import MissingExtraError, RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_core.messages import TensorEntry, WeightAnnounce, WeightApplied
 from rose_executor import metrics
 from rose_executor.weight_file import flat_file_from_safetensors
@@ -131,10 +131,8 @@ class WeightUpdater:
 
     async def _fetch(self, announce: WeightAnnounce, dest: Path) -> Any:
         if self._fetcher is None:
-            try:
+            with require_extra("rose-transfer's WeightFetcher", "rose-transfer"):
                 from rose_transfer.fetcher import WeightFetcher
-            except ImportError as exc:
-                raise MissingExtraError("rose-transfer's WeightFetcher", "rose-transfer") from exc
             self._fetcher = WeightFetcher(secret=self._secret, receiver_id=self.executor_id)
         return await self._fetcher.fetch(announce, have_version=self.runner.weight_version, dest=dest)
 

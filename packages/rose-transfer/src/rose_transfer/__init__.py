@@ -8,6 +8,7 @@ from rose_transfer.fetcher import WeightFetcher
 from rose_transfer.manifest import DEFAULT_BUCKET_BYTES, FlatVersion, flatten, tensor_views
 from rose_transfer.publisher import DensePublisher
 from rose_transfer.resident_weights import ResidentWeights
+from rose_transfer.sparse_publisher import SparsePublisher
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -15,6 +16,7 @@ __all__ = [
     "FetchedVersion",
     "FlatVersion",
     "ResidentWeights",
+    "SparsePublisher",
     "TransferError",
     "WeightFetcher",
     "__version__",

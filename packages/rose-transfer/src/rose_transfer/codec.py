@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.errors import MissingExtraError
+from rose_core.errors import require_extra
 from rose_transfer.changed_words import WORD_DTYPES
 from rose_transfer.sparse_patch import PatchError, apply_patch, build_patch
 
@@ -114,10 +114,8 @@ def _dense_into(data: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _zstd() -> Any:
-    try:
+    with require_extra("zstandard (compressed weight buckets)", "rose-transfer[zstd]"):
         import zstandard
-    except ImportError as exc:
-        raise MissingExtraError("zstandard (compressed weight buckets)", "rose-transfer[zstd]") from exc
     return zstandard
 
 

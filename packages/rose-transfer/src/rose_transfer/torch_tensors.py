@@ -12,13 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rose_core.errors import MissingExtraError, RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_transfer.dtypes import RAW_DTYPES, storage_dtype
 
-try:
+with require_extra("torch (to hand weights to a model)", "rose-transfer[torch]"):
     import torch
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingExtraError("torch (to hand weights to a model)", "rose-transfer[torch]") from exc
 
 if TYPE_CHECKING:
     from rose_transfer.fetched_version import FetchedVersion

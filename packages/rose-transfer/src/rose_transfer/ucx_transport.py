@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.errors import MissingExtraError, ProtocolError
+from rose_core.errors import ProtocolError, require_extra
 from rose_transfer.frame_socket import MAX_FRAMES, ConnectionClosed
 from rose_transfer.link_pacer import CHUNK_BYTES, LinkPacer
 from rose_transfer.ucx_address import UCX_SCHEME, parse_ucx_source
@@ -27,10 +27,8 @@ UCX_CHUNK_BYTES = 16 * CHUNK_BYTES  # one tag message per 16 MiB (per-message co
 
 
 def ucxx_module() -> Any:
-    try:
+    with require_extra("ucxx (the UCX weight transport)", "rose-transfer[ucx]"):
         import ucxx
-    except ImportError as exc:
-        raise MissingExtraError("ucxx (the UCX weight transport)", "rose-transfer[ucx]") from exc
     return ucxx
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rose_core.errors import MissingExtraError, RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_core.rl.bpe import ascii_alphabet, byte_level, train_bpe
 from rose_core.rl.corpus import corpus_lines
 from rose_core.rl.frozenlake import ACTION_WORDS
@@ -26,6 +26,7 @@ from rose_core.rl.frozenlake import ACTION_WORDS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+TRAIN_EXTRA = "rose-core[train]"
 GENERATION_SEED = 1234
 FORMAT_VERSION = 2
 VOCAB_SIZE = 160
@@ -104,7 +105,8 @@ class TokenizerCodec:
 
 def load_tokenizer(path: Path) -> TokenizerCodec:
     """The tokenizer saved in a model directory (``path/tokenizer.json``) or at ``path`` itself."""
-    tokenizers = _require("tokenizers")
+    with require_extra("tokenizers", TRAIN_EXTRA):
+        import tokenizers
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise RoseError(f"no tokenizer at {file}: run ensure_models() or point at a model directory")
@@ -167,7 +169,8 @@ def build_tokenizer() -> Tokenizer:
     Its pipeline (NFC, Qwen2's split regex, byte-level) is the one transformers imposes on every ``qwen2``
     model directory, so the policy (Llama) and the serving model (Qwen2) tokenize identically.
     """
-    tokenizers = _require("tokenizers")
+    with require_extra("tokenizers", TRAIN_EXTRA):
+        import tokenizers
     pipeline = tokenizers.pre_tokenizers.Sequence(
         [
             tokenizers.pre_tokenizers.Split(tokenizers.Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
@@ -192,7 +195,8 @@ def build_tokenizer() -> Tokenizer:
 
 
 def _save_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
-    transformers = _require("transformers")
+    with require_extra("transformers", TRAIN_EXTRA):
+        import transformers
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS,
@@ -205,8 +209,10 @@ def _save_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
 
 
 def _save_model(spec: TinyModelSpec, tokenizer: Tokenizer, directory: Path) -> None:
-    torch = _require("torch")
-    transformers = _require("transformers")
+    with require_extra("torch", TRAIN_EXTRA):
+        import torch
+    with require_extra("transformers", TRAIN_EXTRA):
+        import transformers
     config_class = transformers.LlamaConfig if spec.architecture == "LlamaForCausalLM" else transformers.Qwen2Config
     model_class = getattr(transformers, spec.architecture)
     config = config_class(
@@ -240,7 +246,8 @@ def _token_id(tokenizer: Tokenizer, token: str) -> int:
 @contextmanager
 def quiet_progress() -> Iterator[None]:
     """Silence transformers' progress bars (weights loading, shard writing) for the duration."""
-    progress = _require("transformers").utils.logging
+    with require_extra("transformers", TRAIN_EXTRA):
+        from transformers.utils import logging as progress
     enabled = progress.is_progress_bar_enabled()
     progress.disable_progress_bar()
     try:
@@ -250,16 +257,10 @@ def quiet_progress() -> Iterator[None]:
             progress.enable_progress_bar()
 
 
-def _require(module: str) -> Any:
-    try:
-        return __import__(module)
-    except ImportError as error:
-        raise MissingExtraError(module, "rose-core[train]") from error
-
-
 def iter_safetensors_names(directory: Path) -> Iterator[str]:
     """Tensor names stored in a model directory's safetensors files (what vLLM's weight loader expects)."""
-    safetensors = _require("safetensors")
+    with require_extra("safetensors", TRAIN_EXTRA):
+        import safetensors
     for file in sorted(directory.glob("*.safetensors")):
         with safetensors.safe_open(str(file), framework="pt") as handle:
             yield from handle.keys()

@@ -13,16 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rose_core.errors import MissingExtraError, RoseError
+from rose_core.errors import RoseError, require_extra
 from rose_core.rl.models import iter_safetensors_names, quiet_progress
 from rose_core.rl.sample import TrainSample
 
-try:
+with require_extra("torch, transformers and safetensors (the reference trainer)", "rose-core[train]"):
     import torch
     import transformers
     from safetensors.torch import save_file
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise MissingExtraError("torch", "rose-core[train]") from error
 
 _COPIED_FILES = (
     "config.json",

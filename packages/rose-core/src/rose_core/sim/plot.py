@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rose_core.errors import MissingExtraError
+from rose_core.errors import require_extra
 from rose_core.sim.scenario import Scenario
 from rose_core.sim.scenario_run import WorkloadResults
 from rose_core.sim.system_profile import PROFILES
@@ -13,13 +13,11 @@ from rose_core.sim.system_result import SystemResult
 
 
 def plot_results(path: str | Path, scenario: Scenario, results: dict[str, WorkloadResults]) -> None:
-    try:
+    with require_extra("matplotlib (for --plot)", "'rose-core[sim]'"):
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise MissingExtraError("matplotlib (for --plot)", "'rose-core[sim]'") from exc
     algorithms = list(results)
     fig, axes = plt.subplots(2, len(algorithms), figsize=(6 * len(algorithms), 8.5), squeeze=False)
     for col, alg in enumerate(algorithms):
