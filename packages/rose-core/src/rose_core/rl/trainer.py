@@ -255,7 +255,7 @@ def _load_policy(model_dir: Path) -> transformers.PreTrainedModel:
         raise RoseError(f"no model at {model_dir}: run ensure_models() or pass a Hugging Face model directory")
     with quiet_progress():
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     return model
 
 
