@@ -11,11 +11,16 @@ from typing import Any
 import numpy as np
 
 from rose_core.messages import SamplingParams, TurnAborted, TurnRequest
-from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel, MemoryPolicyConfig
+from rose_core.policy import (
+    AdmissionConfig,
+    CoServingGuard,
+    DualSlackAdmission,
+    LatencyModel,
+    LiveRequest,
+    MemoryPolicyConfig,
+)
 from rose_executor.co_serving import CoServing
-from rose_executor.co_serving_guard import CoServingGuard
 from rose_executor.engine import GenerationOutput
-from rose_executor.live_request import LiveRequest
 from rose_executor.rollout_runner import RolloutRunner
 from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
 

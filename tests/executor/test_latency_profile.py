@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rose_executor.co_serving import SloBudgets, footprint, memory_budget
+from rose_core.policy import SloBudgets
+from rose_executor.co_serving import footprint, memory_budget, slo_budgets
 from rose_executor.config import ExecutorConfig, parse_executor_config
 from rose_executor.latency_profile import EngineProfile, profile_key, read_cached, write_cached
 
@@ -32,8 +33,8 @@ def test_profile_cache_round_trip_and_stale_key(tmp_path: Path) -> None:
 
 def test_slo_budgets_from_config_or_from_the_profile(policy_dir: Path) -> None:
     cfg = ExecutorConfig(policy_model_dir=str(policy_dir), slo_ttft_ms=500, slo_tpot_ms=50)
-    assert SloBudgets.resolve(cfg, PROFILE) == SloBudgets(0.5, 0.05)
-    derived = SloBudgets.resolve(
+    assert slo_budgets(cfg, PROFILE) == SloBudgets(0.5, 0.05)
+    derived = slo_budgets(
         ExecutorConfig(policy_model_dir=str(policy_dir), slo_from_profile=5.0, serving_max_num_seqs=8), PROFILE
     )
     assert derived.ttft_s == pytest.approx(5 * 0.018) and derived.tpot_s == pytest.approx(5 * 0.0023)

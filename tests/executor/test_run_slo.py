@@ -9,7 +9,7 @@ import tomli_w
 
 from rose_core.config import RunConfig
 from rose_core.run.rose_run import DEMO_SLO_FROM_PROFILE, executor_config
-from rose_executor.co_serving import SloBudgets
+from rose_executor.co_serving import slo_budgets
 from rose_executor.config import parse_executor_config
 from rose_executor.latency_profile import EngineProfile
 
@@ -22,7 +22,7 @@ def test_serving_executors_of_rose_run_take_their_slo_from_the_profile(policy_di
     run = RunConfig()
     serving = parse_executor_config(tomli_w.dumps(executor_config(run, "serving", policy_dir, serving_dir, 0)))
     assert serving.slo_from_profile == DEMO_SLO_FROM_PROFILE > 0
-    budgets = SloBudgets.resolve(serving, PROFILE)
+    budgets = slo_budgets(serving, PROFILE)
     model = PROFILE.latency_model()
     assert budgets.ttft_s == pytest.approx(DEMO_SLO_FROM_PROFILE * model.prefill_s(512, serving.prefill_chunk_tokens))
     assert budgets.tpot_s == pytest.approx(DEMO_SLO_FROM_PROFILE * model.decode_step_s(serving.serving_max_num_seqs))

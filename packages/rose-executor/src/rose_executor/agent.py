@@ -186,7 +186,7 @@ class ExecutorAgent:
             admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction, cfg.latency_window_s
         )
         if cfg.p99_feedback:
-            self._co_serving.guard.set_feedback(self._monitor.has_headroom)
+            self._co_serving.set_feedback(self._monitor.has_headroom)
         serving.attach_observer(self._monitor)
 
     async def _start_engine(self, module: Any, model_dir: str, purpose: str, observer: Any) -> VllmEngine:

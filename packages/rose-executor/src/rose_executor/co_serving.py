@@ -13,13 +13,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel, MemoryPolicyConfig
+from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, MemoryPolicyConfig, SloBudgets
 from rose_executor import metrics
-from rose_executor.co_serving_guard import CoServingGuard, GuardVerdict
 from rose_executor.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
 from rose_executor.latency_profile import EngineProfile
@@ -34,26 +32,18 @@ log = logging.getLogger(__name__)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
-@dataclass(frozen=True, slots=True)
-class SloBudgets:
-    ttft_s: float
-    tpot_s: float
-
-    @classmethod
-    def resolve(cls, config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
-        """Config values, or ``slo_from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
-        if config.slo_from_profile <= 0:
-            return cls(config.slo_ttft_ms / 1000, config.slo_tpot_ms / 1000)
-        model = serving.latency_model()
-        ttft_alone = model.prefill_s(max(n for n, _ in serving.prefill_points), config.prefill_chunk_tokens)
-        tpot_alone = model.decode_step_s(config.serving_max_num_seqs)
-        return cls(config.slo_from_profile * ttft_alone, config.slo_from_profile * tpot_alone)
+def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
+    """Config values, or ``slo_from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
+    if config.slo_from_profile <= 0:
+        return SloBudgets(config.slo_ttft_ms / 1000, config.slo_tpot_ms / 1000)
+    longest = max(n for n, _ in serving.prefill_points)
+    return SloBudgets.from_profile(config.slo_from_profile, serving.latency_model(), longest,
+                                   config.prefill_chunk_tokens, config.serving_max_num_seqs)  # fmt: skip
 
 
-def hold_margin_s(rollout: LatencyModel, max_num_seqs: int) -> float:
-    """What a hold cannot stop: the rollout engine's step in flight when the pause lands (a decode step of
-    its full batch, from the profile). Every admission keeps this much slack in reserve."""
-    return rollout.decode_step_s(max(1, max_num_seqs))
+def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
+    return GuardSettings(slo, config.prefill_chunk_tokens, config.admission_margin_ms / 1000, config.hold_margin,
+                         config.rollout_capacity)  # fmt: skip
 
 
 def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
@@ -105,6 +95,8 @@ class CoServing:
         self.paused = False
         self.active = False
         self.last: GuardVerdict | None = None
+        self.feedback: Callable[[], bool] | None = None
+        """The p99 feedback rule (``ServingMonitor.has_headroom``); None: off."""
         self._wake = asyncio.Event()
 
     @classmethod
@@ -118,20 +110,15 @@ class CoServing:
     ) -> CoServing:
         """The guard of a serving host from its config and the (serving, rollout) profiles, plus the serving
         profile measured beside a saturated rollout engine when there is one; no p99 feedback until
-        ``guard.set_feedback``. SLO budgets come from the serving-alone profile."""
-        slo = SloBudgets.resolve(config, profiles[0])
-        rollout_model = profiles[1].latency_model()
-        margin_s = config.admission_margin_ms / 1000
-        if config.hold_margin:
-            margin_s += hold_margin_s(rollout_model, config.rollout_capacity)
-        admission = DualSlackAdmission(
-            AdmissionConfig(slo.ttft_s, slo.tpot_s, config.prefill_chunk_tokens, margin_s),
-            guard_serving_model(profiles[0], colocated),
-            rollout_model,
-        )
+        ``set_feedback``. SLO budgets come from the serving-alone profile."""
+        slo = slo_budgets(config, profiles[0])
+        serving_model = guard_serving_model(profiles[0], colocated)
+        guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
-        guard = CoServingGuard(admission)
         return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
+
+    def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
+        self.feedback = feedback
 
     def wake(self) -> None:
         """Run the next tick now (a serving arrival or finish, a submitted rollout turn)."""
@@ -175,7 +162,8 @@ class CoServing:
                 self.runner.abort_keys(decision.abort, "memory")
         running, queued = self.runner.running(), self.runner.queued()
         self.active = bool(running or queued)
-        verdict = self.guard.decide(now, serving, running, queued)
+        feedback_ok = self.feedback() if self.feedback is not None else True
+        verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
         self.last = verdict
         self.headroom = verdict.headroom
         self.runner.held = not verdict.headroom

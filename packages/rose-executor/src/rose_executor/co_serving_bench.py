@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult
-from rose_core.policy import AdmissionConfig, DualSlackAdmission
-from rose_executor.co_serving import CoServing, hold_margin_s
-from rose_executor.co_serving_guard import CoServingGuard
+from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets
+from rose_executor.co_serving import CoServing
 from rose_executor.colocated_profile import guard_serving_model, load_or_profile_colocated
 from rose_executor.latency_profile import EngineProfile, load_or_profile
 from rose_executor.rollout_runner import RolloutRunner
@@ -154,14 +153,14 @@ def p99(values: Sequence[float]) -> float:
 
 
 async def measure(
-    serving: Any, rollout: Any, mode: str, rps: float, seconds: float, admission: DualSlackAdmission | None
+    serving: Any, rollout: Any, mode: str, rps: float, seconds: float, guard: CoServingGuard | None
 ) -> Window:
     stats = StatsCollector()
     serving.attach_observer(stats)
     load = RolloutLoad(rollout, guarded=mode == "guarded") if mode != "alone" else None
     guard_task = None
-    if load is not None and admission is not None and mode == "guarded":
-        co = CoServing(CoServingGuard(admission), serving, rollout, load.runner, GUARD_TICK_S)
+    if load is not None and guard is not None and mode == "guarded":
+        co = CoServing(guard, serving, rollout, load.runner, GUARD_TICK_S)
         guard_task = asyncio.create_task(co.run(lambda: False))
     if load is not None:
         load.start()
@@ -231,13 +230,13 @@ async def _bench(serving: Any, rollout: Any, seconds: float, slo_multiple: float
     alone = await _alone_windows(serving, rollout, seconds, cap)
     slo = slo_from_alone(alone.values(), slo_multiple)
     rollout_model = rollout_profile.latency_model()
-    margin = hold_margin_s(rollout_model, ROLLOUT_CONCURRENCY)
     serving_model = guard_serving_model(alone_profile, colocated)
-    admission = DualSlackAdmission(AdmissionConfig(*slo, margin_s=margin), serving_model, rollout_model)
+    settings = GuardSettings(SloBudgets(*slo), hold_margin=True, rollout_batch=ROLLOUT_CONCURRENCY)
+    guard = CoServingGuard.build(settings, serving_model, rollout_model)
     for repeat in range(repeats):
         if repeat:
             alone = await _alone_windows(serving, rollout, seconds, cap)
-        runs.append(await _one_repeat(serving, rollout, seconds, cap, slo, admission, alone, repeat))
+        runs.append(await _one_repeat(serving, rollout, seconds, cap, slo, guard, alone, repeat))
     result = summarize(runs)
     result.update(
         slo_ttft_ms=slo[0] * 1e3,
@@ -246,9 +245,9 @@ async def _bench(serving: Any, rollout: Any, seconds: float, slo_multiple: float
         seconds=seconds,
         repeats=repeats,
         serving_capacity_rps=cap,
-        guard_margin_ms=margin * 1e3,
+        guard_margin_ms=guard.admission.config.margin_s * 1e3,
         load_fractions=dict(LEVELS),
-        activation=await activation(serving, rollout, admission),
+        activation=await activation(serving, rollout, guard),
         runs=runs,
     )
     return result
@@ -264,7 +263,7 @@ async def _one_repeat(
     seconds: float,
     cap: float,
     slo: tuple[float, float],
-    admission: DualSlackAdmission,
+    guard: CoServingGuard,
     alone: dict[str, Window],
     repeat: int,
 ) -> dict[str, Any]:
@@ -273,7 +272,7 @@ async def _one_repeat(
     for name, f in LEVELS.items():
         windows = {"alone": alone[name]}
         for mode in ("unguarded", "guarded"):
-            windows[mode] = await measure(serving, rollout, mode, f * cap, seconds, admission)
+            windows[mode] = await measure(serving, rollout, mode, f * cap, seconds, guard)
         idle = max(0.0, 1.0 - f)
         levels[name] = {mode: w.row(*slo) for mode, w in windows.items()}
         guarded = windows["guarded"].rollout_tokens_per_s
@@ -315,10 +314,10 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
 
 
-async def activation(serving: Any, rollout: Any, admission: DualSlackAdmission) -> dict[str, Any]:
+async def activation(serving: Any, rollout: Any, guard: CoServingGuard) -> dict[str, Any]:
     """Inactive -> active: the rollout engine held by an idle guard (no turn, nothing reserved), one 64-token
     turn of 1 output token submitted; milliseconds to its result, against the same turn on an active engine."""
-    inactive = await _turn_latencies(serving, rollout, admission)
+    inactive = await _turn_latencies(serving, rollout, guard)
     active = await _turn_latencies(serving, rollout, None)
     return {
         "trials": ACTIVATION_TRIALS,
@@ -331,15 +330,15 @@ async def activation(serving: Any, rollout: Any, admission: DualSlackAdmission) 
     }
 
 
-async def _turn_latencies(serving: Any, rollout: Any, admission: DualSlackAdmission | None) -> list[float]:
+async def _turn_latencies(serving: Any, rollout: Any, guard: CoServingGuard | None) -> list[float]:
     loop = asyncio.get_running_loop()
     pending: list[asyncio.Future[Any]] = []
 
     def reply(msg: Any) -> None:
         pending[-1].set_result(msg)
 
-    runner = RolloutRunner(rollout, "bench", 1, reply, guarded=admission is not None)
-    co = CoServing(CoServingGuard(admission), serving, rollout, runner, GUARD_TICK_S) if admission else None
+    runner = RolloutRunner(rollout, "bench", 1, reply, guarded=guard is not None)
+    co = CoServing(guard, serving, rollout, runner, GUARD_TICK_S) if guard else None
     guard_task = asyncio.create_task(co.run(lambda: False)) if co is not None else None
     latencies = []
     try:
@@ -350,7 +349,7 @@ async def _turn_latencies(serving: Any, rollout: Any, admission: DualSlackAdmiss
             pending.append(loop.create_future())
             prompt = (np.arange(ROLLOUT_PROMPT, dtype=np.int32) * 11 + i) % 150 + 3
             started = time.monotonic()
-            runner.submit(_turn(f"act-{admission is not None}-{i}", prompt, 1))
+            runner.submit(_turn(f"act-{guard is not None}-{i}", prompt, 1))
             answer = await asyncio.wait_for(pending[-1], 30.0)
             if not isinstance(answer, TurnResult):
                 raise RuntimeError(f"activation turn did not finish: {answer}")

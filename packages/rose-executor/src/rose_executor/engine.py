@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import SamplingParams, TensorEntry
-from rose_executor.live_request import LiveRequest
+from rose_core.policy import LiveRequest
 from rose_executor.serving_monitor import EngineStatsObserver
 
 with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):

@@ -18,9 +18,8 @@ import msgspec
 import numpy as np
 
 from rose_core.messages import TurnAborted, TurnRequest, TurnResult
-from rose_core.policy import RolloutMemoryUse
+from rose_core.policy import QueuedTurn, RolloutMemoryUse
 from rose_executor import metrics
-from rose_executor.co_serving_guard import QueuedTurn
 from rose_executor.warm_trajectories import WarmTrajectories
 
 if TYPE_CHECKING:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rose_core.policy import MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
+from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_executor import metrics
-from rose_executor.live_request import LiveRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,6 @@
-"""One in-flight request as the engine front-end sees it, on this host's monotonic clock (no vllm types)."""
+"""One in-flight request as an engine front-end sees it, on the host's monotonic clock: the co-serving guard's
+view of engine state (the executor builds it from vLLM's request states; the simulator and benches build it
+from their models). No vllm types."""
 
 from __future__ import annotations
 

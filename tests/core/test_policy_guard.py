@@ -1,4 +1,4 @@
-"""The SLO guard's per-tick decision on simulated time (no engines): pure policy + observation mapping."""
+"""The co-serving guard's per-tick decision on simulated time (no engines): pure policy + observation mapping."""
 
 from __future__ import annotations
 
@@ -6,12 +6,18 @@ import math
 
 import pytest
 
-from rose_core.policy import AdmissionConfig, DualSlackAdmission, LatencyModel
-from rose_executor.co_serving import hold_margin_s
-from rose_executor.co_serving_guard import CoServingGuard, QueuedTurn, serving_request, serving_requests
-from rose_executor.colocated_profile import guard_serving_model
-from rose_executor.latency_profile import EngineProfile
-from rose_executor.live_request import LiveRequest
+from rose_core.policy import (
+    AdmissionConfig,
+    CoServingGuard,
+    DualSlackAdmission,
+    GuardSettings,
+    LatencyModel,
+    LiveRequest,
+    QueuedTurn,
+    SloBudgets,
+    hold_margin_s,
+)
+from rose_core.policy.co_serving_guard import serving_request, serving_requests
 
 # Serving: 2 ms decode step + 0.1 ms/seq; prefill 5 ms + 20 us/token. Rollout: 1 ms step + 1 ms/seq.
 SERVING = LatencyModel(0.005, 20e-6, 0.002, 0.0001)
@@ -19,8 +25,8 @@ ROLLOUT = LatencyModel(0.004, 10e-6, 0.001, 0.001)
 CONFIG = AdmissionConfig(ttft_budget_s=0.5, tpot_budget_s=0.05, chunk_tokens=512)
 
 
-def guard(feedback: bool = True) -> CoServingGuard:
-    return CoServingGuard(DualSlackAdmission(CONFIG, SERVING, ROLLOUT), lambda: feedback)
+def guard() -> CoServingGuard:
+    return CoServingGuard(DualSlackAdmission(CONFIG, SERVING, ROLLOUT))
 
 
 def decoding(rid: str, last_token_s: float) -> LiveRequest:
@@ -59,7 +65,7 @@ def test_cached_prompt_tokens_do_not_count_as_remaining_prefill() -> None:
 
 
 def test_p99_feedback_stops_new_sequences_but_keeps_running_ones() -> None:
-    verdict = guard(feedback=False).decide(10.0, [], ["r1"], [QueuedTurn("q1", 10)])
+    verdict = guard().decide(10.0, [], ["r1"], [QueuedTurn("q1", 10)], feedback_ok=False)
     assert verdict.run_rollout and verdict.start == () and not verdict.headroom
 
 
@@ -88,15 +94,25 @@ def test_a_burst_that_alone_fits_is_held_together() -> None:
     assert not tight.decide(10.0, burst, ["r1"], []).run_rollout
 
 
-def test_guard_predicts_serving_with_the_slower_of_alone_and_colocated() -> None:
-    alone = EngineProfile(key="a", prefill_points=[(16, 0.004), (512, 0.020)], decode_points=[(1, 0.002), (8, 0.003)])
-    beside = EngineProfile(key="c", prefill_points=[(16, 0.009), (512, 0.018)], decode_points=[(1, 0.005), (8, 0.007)])
-    model = guard_serving_model(alone, beside)
-    assert model.prefill_s(16) == pytest.approx(0.009) and model.prefill_s(512) == pytest.approx(0.020)
-    assert model.decode_step_s(1) == pytest.approx(0.005) and model.decode_step_s(8) == pytest.approx(0.007)
-    assert guard_serving_model(alone, None) == alone.latency_model()
-
-
 def test_hold_margin_is_the_rollout_step_a_pause_cannot_stop() -> None:
     assert hold_margin_s(ROLLOUT, 8) == pytest.approx(0.001 + 8 * 0.001)
     assert hold_margin_s(ROLLOUT, 0) == pytest.approx(0.002)
+
+
+def test_build_adds_the_hold_margin_to_the_admission_margin() -> None:
+    settings = GuardSettings(SloBudgets(0.5, 0.05), chunk_tokens=256, margin_s=0.003, rollout_batch=8)
+    built = CoServingGuard.build(settings, SERVING, ROLLOUT).admission.config
+    assert built == AdmissionConfig(0.5, 0.05, 256, 0.003 + hold_margin_s(ROLLOUT, 8))
+    unheld = GuardSettings(SloBudgets(0.5, 0.05), margin_s=0.003, hold_margin=False)
+    assert CoServingGuard.build(unheld, SERVING, ROLLOUT).admission.config.margin_s == pytest.approx(0.003)
+
+
+def test_slo_budgets_from_a_profile_are_a_multiple_of_serving_alone() -> None:
+    budgets = SloBudgets.from_profile(4.0, SERVING, longest_prompt=1024, chunk_tokens=512, max_num_seqs=8)
+    assert budgets.ttft_s == pytest.approx(4 * SERVING.prefill_s(1024, 512))
+    assert budgets.tpot_s == pytest.approx(4 * SERVING.decode_step_s(8))
+
+
+def test_verdict_reports_the_admitted_rollout_work() -> None:
+    verdict = guard().decide(10.0, [], ["r1", "r2"], [QueuedTurn("q1", 100)])
+    assert (verdict.decode_seqs, verdict.prefill_tokens) == (2, 100)
