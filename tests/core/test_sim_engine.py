@@ -141,6 +141,25 @@ def test_the_borrowed_share_is_the_admission_policys_decision(monkeypatch: pytes
     assert loaded.any() and (normal[loaded] > held[loaded] + 0.05).all()
 
 
+def test_the_table_runs_the_executors_guard_and_a_hold_stops_the_whole_rollout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built as the executor builds it (chunk 512, margin 0 + the hold margin at the per-worker concurrency);
+    a verdict that holds the rollout engine charges no rollout step, whatever the admitted counts say."""
+    from rose_core.policy import CoServingGuard, GuardVerdict, hold_margin_s
+    from rose_core.sim.co_serving_table import CoServingTable
+
+    load = np.linspace(0.0, 8.0, 4001)
+    table = CoServingTable(tiny(), load)
+    config = table.guard.admission.config
+    hold = hold_margin_s(table.rollout.profile(), tiny().workload.concurrency_per_worker)
+    assert (config.chunk_tokens, config.ttft_budget_s, config.tpot_budget_s) == (512, 0.5, 0.15)
+    assert config.margin_s == pytest.approx(hold) and hold > 0
+    busy = np.array([lv.busy for lv in table.levels])
+    monkeypatch.setattr(CoServingGuard, "decide", lambda self, now, serving, running, queued, feedback_ok=True:
+                        GuardVerdict((), False, False, 0.0, len(running), 512))
+    assert np.allclose(CoServingTable(tiny(), load).harvest, 1 - busy)
+
+
 def test_the_serving_rate_is_calibrated_to_the_fleets_busy_time() -> None:
     """``mean_compute_use`` is the fleet's average SM-busy time (the paper's 18.9%), not a FLOP ratio: the
     calibrated rate gives that busy fraction over the load distribution, and the HBM use it implies is

@@ -1,7 +1,7 @@
 """The discrete-event cluster simulator: one engine, every compared system is a configuration of it.
 
 Simulated time only (a heap of events); it drives the real ``ElasticScheduler`` for every turn, the real
-``DualSlackAdmission`` (through the co-serving table) and one real ``ServingFirstMemory`` per borrowed GPU.
+``CoServingGuard`` (through the co-serving table) and one real ``ServingFirstMemory`` per borrowed GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from rose_core.config import SchedulerConfig
 from rose_core.policy import MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_core.scheduler import Assignment, ElasticScheduler, TurnTicket
+from rose_core.sim.co_serving_table import ROLLOUT_CHUNK_TOKENS
 from rose_core.sim.gpu_model import RooflineModel
 from rose_core.sim.run_record import RunRecord
 from rose_core.sim.scenario import Algorithm
@@ -25,7 +26,6 @@ from rose_core.sim.system_profile import SystemProfile
 from rose_core.sim.workload import Trajectory, groups_launched, sample_batch
 
 TURN_DONE, ENV_DONE, SYNC_DONE, WORKER_READY, WORKER_LEAVE, MEM_PRESSURE, TRAIN_DONE = range(7)
-CHUNK = 512
 
 
 class ClusterSim:
@@ -303,7 +303,7 @@ class ClusterSim:
         decode = traj.decode_tokens[traj.turn]
         batch = len(w.running) + 1
         ctx = traj.context_tokens + decode / 2
-        work = self.rollout.prefill_s(prefill, CHUNK) + decode * self.rollout.step_s(batch, 0, ctx)
+        work = self.rollout.prefill_s(prefill, ROLLOUT_CHUNK_TOKENS) + decode * self.rollout.step_s(batch, 0, ctx)
         kv = int((traj.context_tokens + decode) * self.sc.rollout_model.kv_bytes_per_token / self.sc.rollout_model.tp)
         w.running[a.ticket.turn_id] = RunningTurn(traj.trajectory_id, a.ticket.attempt, self.now, kv)
         self.record.prefill_tokens += prefill

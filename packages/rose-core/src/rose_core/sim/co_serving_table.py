@@ -1,11 +1,15 @@
-"""What a borrowed serving GPU gives the rollout at each serving load level, decided by the REAL
-``DualSlackAdmission`` (the executor's policy object), and the serving latency it leaves.
+"""What a borrowed serving GPU gives the rollout at each serving load level, decided by the REAL co-serving
+guard (``CoServingGuard``, built as the executor builds it), and the serving latency it leaves.
 
 For a load level (requests/s on this GPU) the serving engine's steady state is solved from Little's law
 (decode batch = rate * output tokens * TPOT) and its busy-time fraction from the number of requests in
-flight (Poisson, M/G/inf: busy = 1 - exp(-rate * request time)). The admission controller is then asked, at a
-moment when every decoding request has just emitted a token and a p99-long prompt arrived one step ago, which
-of a full rollout step (``concurrency`` decodes + one 512-token prefill chunk) it admits. The GPU's time is
+flight (Poisson, M/G/inf: busy = 1 - exp(-rate * request time)). The guard is then asked (``decide``), at a
+moment when every decoding request has just emitted a token and a p99-long prompt arrived one step ago, what
+a rollout engine running ``concurrency`` sequences with one more turn queued may do: run (every running
+sequence decodes) or be held, and how many tokens of the queued turn's prefill (at most one 512-token chunk)
+it admits. The guard's settings are the executor's defaults: SLO budgets from the scenario, a 512-token chunk,
+``serving.admission_margin_ms`` (0 by default) plus the hold margin (the rollout decode step at
+``concurrency``: a hold cannot stop the step in flight). The GPU's time is
 shared step by step: the rollout share is ``rollout step / (serving step + rollout step)`` while serving is
 busy and 1 while it is idle. The policy is pure, so one call per load level (memoised) is the same decision
 the executor would take at every step of that load.
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_core.policy import AdmissionConfig, DualSlackAdmission, RolloutWork, ServingRequest
+from rose_core.policy import CoServingGuard, GuardSettings, LiveRequest, QueuedTurn, SloBudgets
 from rose_core.sim.gpu_model import RooflineModel
 from rose_core.sim.scenario import Scenario
 
@@ -32,6 +36,10 @@ BINS = 128
 MAX_SEQS = 256
 P99_PROMPT_FACTOR = 3.0
 """p99 / mean prompt length: a lognormal prompt-length spread of sigma ~0.75 (assumption, see docs)."""
+ROLLOUT_CHUNK_TOKENS = 512
+"""Rollout prefill tokens per engine step: the guard's chunk and the turn cost's (paper-notes 2.1(c))."""
+QUEUED_PROMPT_TOKENS = 4096
+"""The queued rollout turn's prompt: longer than a chunk, so the guard decides how much of one it admits."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,9 +76,10 @@ class CoServingTable:
         self.scenario = scenario
         self.serving = RooflineModel(scenario.gpu, sv.model)
         self.rollout = RooflineModel(scenario.gpu, scenario.rollout_model)
-        self.admission = DualSlackAdmission(
-            AdmissionConfig(sv.ttft_slo_ms / 1000, sv.tpot_slo_ms / 1000, margin_s=0.005),
-            self.serving.profile(), self.rollout.profile())
+        settings = GuardSettings(SloBudgets(sv.ttft_slo_ms / 1000, sv.tpot_slo_ms / 1000), ROLLOUT_CHUNK_TOKENS,
+                                 sv.admission_margin_ms / 1000, hold_margin=True,
+                                 rollout_batch=scenario.workload.concurrency_per_worker)
+        self.guard = CoServingGuard.build(settings, self.serving.profile(), self.rollout.profile())
         top = float(np.max(load_multipliers))
         self.edges = np.linspace(0.0, top * 1.0001, BINS + 1)
         self.centers = (self.edges[:-1] + self.edges[1:]) / 2
@@ -132,11 +141,16 @@ class CoServingTable:
                          st.step_s + x + prefill + chunks * x, st.step_s + x, self.serving.weight_bytes + kv)
 
     def _admitted_rollout_s(self, decoding: int, step: float) -> float:
-        sv = self.scenario.serving
+        """The rollout step the guard lets run beside this load: every running sequence's decode (or none,
+        when it holds the engine) plus the admitted prefill tokens of the queued turn."""
+        sv, wl = self.scenario.serving, self.scenario.workload
         now = 1000.0
-        serving = [ServingRequest(f"d{i}", now - 1.0, last_token_at=now) for i in range(decoding)]
-        serving.append(ServingRequest("p", now - step, remaining_prompt_tokens=int(sv.prompt_tokens_mean * 3)))
-        n = self.scenario.workload.concurrency_per_worker
-        candidates = [RolloutWork(f"r{i}", "decode") for i in range(n)] + [RolloutWork("pf", "prefill", 4096)]
-        d = self.admission.admit(now, serving, candidates)
-        return self.rollout.step_s(d.decode_seqs, d.prefill_tokens, 2048.0)
+        out = round(sv.output_tokens_mean)
+        prompt = round(sv.prompt_tokens_mean)
+        serving = [LiveRequest(f"d{i}", now - 1.0, prompt, out, 1, False, now) for i in range(decoding)]
+        serving.append(LiveRequest("p", now - step, int(sv.prompt_tokens_mean * P99_PROMPT_FACTOR), out, 0, True, None))
+        running = [f"r{i}" for i in range(wl.concurrency_per_worker)]
+        verdict = self.guard.decide(now, serving, running, [QueuedTurn("pf", QUEUED_PROMPT_TOKENS)])
+        if not verdict.run_rollout:
+            return 0.0
+        return self.rollout.step_s(verdict.decode_seqs, verdict.prefill_tokens, 2048.0)

@@ -66,6 +66,9 @@ class ServingSpec(_Spec):
     chunk_tokens: int = 2048
     candidates_per_borrowed: float = 2.0
     """The serving fleet offers this many GPUs per borrowable slot; the scheduler borrows the lowest-KV ones."""
+    admission_margin_ms: float = 0.0
+    """The co-serving guard's margin (the executor's ``admission_margin_ms``, default 0); the guard adds the
+    hold margin (the rollout decode step at ``workload.concurrency_per_worker``) to it, as the executor does."""
 
     def __post_init__(self) -> None:
         _positive(ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms, chunk_tokens=self.chunk_tokens,
@@ -77,6 +80,8 @@ class ServingSpec(_Spec):
             raise ValueError("`trace_csv` is required when `traffic` = 'azure-csv'")
         if self.candidates_per_borrowed < 1:
             raise ValueError("`candidates_per_borrowed` must be >= 1")
+        if not self.admission_margin_ms >= 0:
+            raise ValueError("`admission_margin_ms` must be >= 0")
 
 
 class ClusterSpec(_Spec):
