@@ -12,7 +12,8 @@ import click
 import msgspec
 
 from rose_core import __version__
-from rose_core.config import RunConfig, dump_config, load_config
+from rose_core.config import RunConfig, load_config
+from rose_core.config_support import dump_toml
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import StepStatus
 
@@ -192,7 +193,7 @@ def config() -> None:
 def config_show(config_path: str | None, as_json: bool) -> None:
     """Print every setting with its value (defaults unless --config)."""
     cfg = load_config(config_path) if config_path else RunConfig()
-    click.echo(msgspec.json.format(msgspec.json.encode(cfg)).decode() if as_json else dump_config(cfg))
+    click.echo(msgspec.json.format(msgspec.json.encode(cfg)).decode() if as_json else dump_toml(cfg))
 
 
 if __name__ == "__main__":
