@@ -13,7 +13,7 @@ from typing import Literal
 
 import msgspec
 
-from rose_core.config import ConfigSection, parse_config, require_fraction, require_positive
+from rose_core.config_support import ConfigSection, parse_toml, require_fraction, require_positive
 from rose_core.errors import ConfigError
 
 SYSTEMS = ("fixed", "fixed-async", "elastic-spot", "serverless", "rose")
@@ -207,12 +207,12 @@ def load_scenario(name_or_path: str) -> Scenario:
     """A shipped scenario by name (``paper-8b``) or a TOML file path."""
     if name_or_path in shipped_scenarios():
         data = resources.files("rose_core.sim").joinpath("scenarios", f"{name_or_path}.toml").read_bytes()
-        scenario = parse_config(data, Scenario, name_or_path)
+        scenario = parse_toml(data, Scenario, name_or_path)
     else:
         path = Path(name_or_path)
         if not path.is_file():
             raise ConfigError(f"no scenario {name_or_path!r}: give a TOML file or one of {', '.join(shipped_scenarios())}")
-        scenario = parse_config(path.read_bytes(), Scenario, str(path))
+        scenario = parse_toml(path.read_bytes(), Scenario, str(path))
     if scenario.serving.traffic == "azure-csv" and not Path(scenario.serving.trace_csv).is_file():
         raise ConfigError(f"field `serving.trace_csv`: no such file {scenario.serving.trace_csv!r}")
     return scenario
