@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rose_transfer import WeightFetcher, flatten, load_arrays
-from rose_transfer.bench.link_pacer import LinkPacer
+from rose_transfer.bench.link_pacer import LinkPacer, open_link
 from rose_transfer.bench.transfer_plan import Receiver, plan_transfer
 from rose_transfer.serve.relay import Relay
 from rose_transfer.serve.sparse_publisher import SparsePublisher
@@ -92,7 +92,7 @@ def test_shard_subset_pulls_only_its_buckets(sparse: SparsePublisher, tmp_path: 
 
 
 def _slow_link(publisher: SparsePublisher, mbps: float) -> str:
-    return publisher.open_link(LinkPacer(mbps * 1e6 / 8, burst_bytes=16 * 1024))
+    return open_link(publisher, LinkPacer(mbps * 1e6 / 8, burst_bytes=16 * 1024))
 
 
 def test_relay_dying_mid_transfer_falls_back_bit_exact(sparse: SparsePublisher, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """``LinkPacer``: a token bucket that models one slow link (e.g. the inter-cluster link into one
 destination cluster) shared by every connection that crosses it, and counts the bytes it carried.
 
-Senders call ``await pace(n)`` before putting ``n`` bytes on the wire; with ``bytes_per_s`` None the
-link is unlimited and only counted. Lives on one event loop (the sender's)."""
+It is a ``wire.send_gate.SendGate``: connections given it await ``admit(n)`` before putting ``n``
+bytes on the wire; with ``bytes_per_s`` None the link is unlimited and only counted. Lives on one
+event loop (the sender's). ``open_link`` serves a publisher's versions through one."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import asyncio
 import time
 
 from rose_core.errors import ConfigError
-
-CHUNK_BYTES = 1024 * 1024  # senders pace in pieces of at most this size
+from rose_transfer.serve.publisher import DensePublisher
+from rose_transfer.wire.send_gate import GATE_CHUNK_BYTES
 
 
 class LinkPacer:
-    def __init__(self, bytes_per_s: float | None = None, burst_bytes: int = CHUNK_BYTES, name: str = "link") -> None:
+    def __init__(
+        self, bytes_per_s: float | None = None, burst_bytes: int = GATE_CHUNK_BYTES, name: str = "link"
+    ) -> None:
         if bytes_per_s is not None and bytes_per_s <= 0:
             raise ConfigError(f"link rate must be positive, got {bytes_per_s} bytes/s: omit it for an unlimited link")
         self.bytes_per_s = bytes_per_s
@@ -28,7 +31,7 @@ class LinkPacer:
     def from_gbps(cls, gbps: float | None, name: str = "link") -> LinkPacer:
         return cls(None if gbps is None else gbps * 1e9 / 8, name=name)
 
-    async def pace(self, nbytes: int) -> None:
+    async def admit(self, nbytes: int) -> None:
         self.carried += nbytes
         if self.bytes_per_s is None:
             return
@@ -36,3 +39,11 @@ class LinkPacer:
         self._free_at = max(self._free_at, now - self.burst_bytes / self.bytes_per_s) + nbytes / self.bytes_per_s
         if self._free_at > now:
             await asyncio.sleep(self._free_at - now)
+
+
+def open_link(publisher: DensePublisher, pacer: LinkPacer, transport: str = "tcp") -> str:
+    """Serve ``publisher``'s versions on a new listener (``tcp`` or ``ucx``) whose sends all pass
+    through ``pacer`` (one slow link, e.g. into one destination cluster); returns its source."""
+    if transport == "ucx":
+        return publisher.open_ucx(gate=pacer)
+    return publisher.open_tcp(gate=pacer)

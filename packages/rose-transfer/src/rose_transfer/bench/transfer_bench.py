@@ -36,7 +36,7 @@ import numpy as np
 from rose_core.errors import ConfigError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_transfer.bench.codec_speed import CodecSpeed, codec_speed
-from rose_transfer.bench.link_pacer import LinkPacer
+from rose_transfer.bench.link_pacer import LinkPacer, open_link
 from rose_transfer.bench.model import adam_versions, llama_shape, shard_specs
 from rose_transfer.bench.progress import BenchProgress
 from rose_transfer.bench.raw_ceiling import raw_tcp_gbps, raw_ucx_gbps
@@ -96,12 +96,8 @@ class _Setup:
         self.publisher = SparsePublisher(secret=self.secret, host="127.0.0.1", port=0, bucket_bytes=cfg.bucket_bytes)
         self.receivers = cfg.layout()
         self.pacers = {c: LinkPacer.from_gbps(cfg.link_gbps, f"c{c}") for c in range(1, cfg.clusters)}
-        if cfg.transport == "ucx":
-            self.main = self.publisher.open_ucx()
-            self.links = {c: self.publisher.open_ucx(p) for c, p in self.pacers.items()}
-        else:
-            self.main = self.publisher.source
-            self.links = {c: self.publisher.open_link(p) for c, p in self.pacers.items()}
+        self.main = self.publisher.open_ucx() if cfg.transport == "ucx" else self.publisher.source
+        self.links = {c: open_link(self.publisher, p, cfg.transport) for c, p in self.pacers.items()}
         self.slicers: dict[str, Slicer] = {}
         self.held = _Held()
 
@@ -179,12 +175,8 @@ def _run(setup: _Setup, bar: BenchProgress) -> dict[str, Any]:
 def _manifest(setup: _Setup, announce: WeightAnnounce) -> Any:
     async def get() -> Any:
         from rose_transfer.fetch.transfer_client import TransferClient
-        from rose_transfer.wire.tcp_address import parse_source
 
-        host, port = parse_source(announce.source)
-        client = await TransferClient.connect(
-            host, port, secret=setup.secret, receiver_id="bench", source=announce.source, timeout=30
-        )
+        client = await TransferClient.connect(announce.source, secret=setup.secret, receiver_id="bench", timeout=30)
         try:
             return await client.fetch_manifest(announce.version, -1, "bench")
         finally:

@@ -13,10 +13,10 @@ never adds, so the result is bit-exact. ``encode`` picks:
 - ``torch`` (any device): ``(old != new).nonzero()`` on integer views plus a gather (the naive path).
 
 This module imports only torch (and Triton when present): it loads on machines without CUDA and
-without the rest of rose (``benchmarks/gpu/codec_bench.py`` loads it by file path)."""
+without the rest of rose (``benchmarks/gpu/codec_bench.py`` loads it by file path), so it imports
+torch itself rather than through ``version.torch_tensors``."""
 
 # No ``from __future__ import annotations`` here: Triton reads the kernels' ``tl.constexpr`` annotations.
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -106,18 +106,20 @@ def _checked(old: Any, new: Any) -> tuple[Any, Any]:
 # ---------------------------------------------------------------- Triton path
 
 try:  # kernels are defined at module level: Triton resolves ``tl`` through the kernel's globals
-    triton: Any = importlib.import_module("triton")
-    tl: Any = importlib.import_module("triton.language")
-except ImportError:
-    triton = None
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # optional: the torch path encodes without it
+    HAVE_TRITON = False
 
 
 def triton_ready() -> bool:
     """Whether the Triton kernels can run (Triton importable and a CUDA device present)."""
-    return triton is not None and torch.cuda.is_available()
+    return HAVE_TRITON and torch.cuda.is_available()
 
 
-if triton is not None:
+if HAVE_TRITON:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _stage(old_ptr, new_ptr, pos_ptr, val_ptr, count_ptr, n, BLOCK: tl.constexpr, SLOT: tl.constexpr):  # type: ignore[no-untyped-def]

@@ -95,9 +95,9 @@ def _write_positions(payload: np.ndarray, cursor: int, kind: int, changes: _Chan
     escaped = []
     for part in changes.parts:
         if kind == _VARINT:
-            encoded = encode_varints(part.gaps, part.lengths)  # type: ignore[arg-type]
+            encoded = encode_varints(_gaps(part), part.lengths)
         else:
-            encoded, long_gaps = encode_codes(part.gaps)  # type: ignore[arg-type]
+            encoded, long_gaps = encode_codes(_gaps(part))
             escaped.append(long_gaps.view(np.uint8))
         payload[cursor : cursor + encoded.nbytes] = encoded
         cursor += encoded.nbytes
@@ -105,6 +105,13 @@ def _write_positions(payload: np.ndarray, cursor: int, kind: int, changes: _Chan
         payload[cursor : cursor + section.nbytes] = section
         cursor += section.nbytes
     return cursor
+
+
+def _gaps(part: _Part) -> np.ndarray:
+    """A part's gaps, once they are exact (``_exact_gap_bytes`` sets those of dense parts first)."""
+    if part.gaps is None:
+        raise RuntimeError("a dense part's gaps are written before they were made exact (_exact_gap_bytes)")
+    return part.gaps
 
 
 def _scan(base: np.ndarray, new: np.ndarray, word_bytes: int, limit: int) -> _Changes | None:

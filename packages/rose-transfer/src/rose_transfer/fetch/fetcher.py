@@ -35,8 +35,6 @@ from rose_transfer.resident.resident_commit import commit
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.fetched_version import FetchedInMemory, FetchedVersion
 from rose_transfer.version.manifest import check_manifest
-from rose_transfer.wire.tcp_address import parse_source
-from rose_transfer.wire.ucx_address import UCX_SCHEME, parse_ucx_source
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +193,8 @@ class WeightFetcher:
     async def _fetch_on_one_connection(self, progress: FetchProgress, sink: BucketSink) -> None:
         announce = progress.announce
         source = progress.source
-        host, port = parse_ucx_source(source) if source.startswith(UCX_SCHEME) else parse_source(source)
         client = await TransferClient.connect(
-            host, port, secret=self._secret, receiver_id=self.receiver_id, source=source, timeout=self.timeout
+            source, secret=self._secret, receiver_id=self.receiver_id, timeout=self.timeout
         )
         try:
             if progress.manifest is None:

@@ -16,8 +16,7 @@ from rose_transfer.fetch.bucket_checker import BucketChecker
 from rose_transfer.fetch.fetch_progress import FetchProgress
 from rose_transfer.fetch.held_bases import HeldBases
 from rose_transfer.fetch.partial_file import PartialFile
-
-REPLY_OVERHEAD = 1024 * 1024
+from rose_transfer.wire.frame_connection import REPLY_OVERHEAD
 
 
 class FileSink:

@@ -21,9 +21,9 @@ from rose_transfer.codec.sparse_patch import PatchError, parse_patch
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch.bucket_checker import open_bucket_reply
 from rose_transfer.fetch.fetch_progress import FetchProgress
-from rose_transfer.fetch.file_sink import REPLY_OVERHEAD
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.manifest import bucket_checksum
+from rose_transfer.wire.frame_connection import REPLY_OVERHEAD
 
 
 class MemorySink:

@@ -9,7 +9,6 @@ recorded in the ``FetchProgress``, so a new connection resumes with only the mis
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections import deque
 from typing import Any
 
@@ -30,10 +29,9 @@ from rose_transfer._version import __version__
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch.bucket_sink import BucketSink
 from rose_transfer.fetch.fetch_progress import FetchProgress
-from rose_transfer.fetch.file_sink import REPLY_OVERHEAD
 from rose_transfer.metrics import BUCKET_RETRIES
-from rose_transfer.wire.frame_connection import FrameConnection
-from rose_transfer.wire.frame_socket import FrameSocket
+from rose_transfer.wire.connect import open_connection
+from rose_transfer.wire.frame_connection import REPLY_OVERHEAD, FrameConnection
 
 
 class TransferClient:
@@ -44,31 +42,14 @@ class TransferClient:
         self._timeout = io_timeout
 
     @classmethod
-    async def connect(
-        cls, host: str, port: int, *, secret: bytes, receiver_id: str, source: str, timeout: float
-    ) -> TransferClient:
-        if source.startswith("ucx://"):
-            from rose_transfer.wire.ucx_transport import ucx_connect
-
-            conn = await ucx_connect(source, timeout)
-            try:
-                client = cls(conn, Framer(Signer(secret), TransferReply), source, timeout)
-                await client._handshake(receiver_id)
-            except BaseException:
-                conn.close()
-                raise
-            return client
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setblocking(False)
+    async def connect(cls, source: str, *, secret: bytes, receiver_id: str, timeout: float) -> TransferClient:
+        """A client connected to ``source`` (``tcp://`` or ``ucx://``) that passed the handshake."""
+        conn = await open_connection(source, timeout)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
-            client = cls(FrameSocket(sock), Framer(Signer(secret), TransferReply), source, timeout)
+            client = cls(conn, Framer(Signer(secret), TransferReply), source, timeout)
             await client._handshake(receiver_id)
         except BaseException:
-            sock.close()
+            conn.close()
             raise
         return client
 

@@ -1,7 +1,7 @@
 """``ResidentWeights``: a weight version held in memory, updated in place by ``WeightFetcher.fetch_into``.
 
 The version's flat stream (the publisher's layout, ``manifest.tensors`` locate each tensor) lives in
-one uint8 buffer; ``arrays()`` are numpy views of its tensors and ``torch_tensors.bind_module`` makes a
+one uint8 buffer; ``arrays()`` are numpy views of its tensors and ``version.torch_tensors.bind_module`` makes a
 module's parameters views of it, so a new version lands in the model without a copy. A version is
 applied whole or not at all, under ``lock``: readers that must never see a mix hold it (or pause)."""
 

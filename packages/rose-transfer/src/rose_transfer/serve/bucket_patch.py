@@ -1,5 +1,5 @@
 """The publisher's sparse reply: one bucket of a new version encoded against the version a receiver
-holds (``codec.encode_bucket``: new values at changed positions, or dense when that is smaller)."""
+holds (``codec.bucket_codec.encode_bucket``: new values at changed positions, or dense when that is smaller)."""
 
 from __future__ import annotations
 

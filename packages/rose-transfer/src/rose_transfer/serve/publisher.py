@@ -2,7 +2,8 @@
 
 The controller is synchronous, so the TCP server runs on its own event-loop thread; ``publish`` copies
 the tensors into a flat stream (in the caller's thread), registers it, and returns the announcement.
-The newest ``keep_versions`` versions stay fetchable.
+The newest ``keep_versions`` versions stay fetchable. ``SparsePublisher`` is this class with ``sparse``
+set: one constructor for both.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from rose_core.auth import MIN_SECRET_BYTES, POLY1305
 from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import ShardView, WeightAnnounce
-from rose_transfer.bench.link_pacer import LinkPacer
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
 from rose_transfer.wire.loop_thread import LoopThread
+from rose_transfer.wire.send_gate import SendGate
 from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source
+from rose_transfer.wire.ucx_transport import ucx_listen
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,8 @@ class DensePublisher:
     about 7x cheaper than HMAC) or ``"hmac-sha256"``. Receivers accept both; control messages are always
     HMAC-SHA256. Neither encrypts: see docs/transfer.md, "Threat model"."""
 
+    sparse: ClassVar[bool] = False  # answer a receiver holding a kept version with patches against it
+
     def __init__(
         self,
         *,
@@ -41,9 +45,12 @@ class DensePublisher:
         keep_versions: int = 2,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         publisher_id: str = "",
-        sparse: bool = False,
         bulk_mac: str = POLY1305,
     ) -> None:
+        if self.sparse and keep_versions < 2:
+            raise ConfigError(
+                f"a sparse publisher keeps the previous version too: keep_versions >= 2, not {keep_versions}"
+            )
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
         if bucket_bytes <= 0:
@@ -55,10 +62,10 @@ class DensePublisher:
         self.source = format_source(advertised_host(host), self.port)
         self._host = host
         server_id = publisher_id or f"weights@{self.source}"
-        self._server = TransferServer(secret, self._store, server_id, sparse=sparse, bulk_mac=bulk_mac)
+        self._server = TransferServer(secret, self._store, server_id, sparse=self.sparse, bulk_mac=bulk_mac)
         self._thread = LoopThread("rose-weight-publisher")
         self._serving = self._thread.submit(self._server.serve(self._listener))
-        self._links: list[socket.socket] = []
+        self._tcp_listeners: list[socket.socket] = []
         self._ucx_listeners: list[Any] = []
         self._closed = False
         log.info("serving weight versions at %s", self.source)
@@ -86,20 +93,20 @@ class DensePublisher:
             total_bytes=manifest.total_bytes,
         )
 
-    def open_link(self, pacer: LinkPacer, port: int = 0) -> str:
-        """Serve the same versions on another port whose sends all pass through ``pacer`` (one slow link,
-        e.g. into one destination cluster); returns that port's source address."""
+    def open_tcp(self, port: int = 0, *, gate: SendGate | None = None) -> str:
+        """Serve the same versions on another TCP port (0 picks one), its sends admitted by ``gate`` if
+        given; returns that port's ``tcp://`` source."""
         listener = bind_listener(self._host, port)
-        self._links.append(listener)
-        self._thread.submit(self._server.serve(listener, pacer))
+        self._tcp_listeners.append(listener)
+        self._thread.submit(self._server.serve(listener, gate))
         return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
 
-    def open_ucx(self, pacer: LinkPacer | None = None) -> str:
-        """Serve the same versions over UCX too (needs the ``[ucx]`` extra); returns its ``ucx://`` source."""
-        from rose_transfer.wire.ucx_transport import ucx_listen
+    def open_ucx(self, *, gate: SendGate | None = None) -> str:
+        """Serve the same versions over UCX too (needs the ``[ucx]`` extra), its sends admitted by
+        ``gate`` if given; returns its ``ucx://`` source."""
 
         async def start() -> str:
-            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), 0, pacer)
+            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), 0, gate)
             self._ucx_listeners.append(listener)
             return source
 
@@ -127,7 +134,7 @@ class DensePublisher:
             self._thread.loop.call_soon_threadsafe(ucx.close)
         self._thread.stop()
         self._listener.close()
-        for listener in self._links:
+        for listener in self._tcp_listeners:
             listener.close()
         self._server.close()
 

@@ -17,7 +17,6 @@ from typing import Any
 from rose_core.auth import MIN_SECRET_BYTES
 from rose_core.errors import ConfigError
 from rose_core.messages import FetchBucket, FetchManifest, Hello, Welcome
-from rose_transfer.bench.link_pacer import LinkPacer
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.upstream_link import UpstreamLink
 from rose_transfer.serve.version_store import VersionStore
@@ -77,7 +76,6 @@ class Relay:
         host: str = "127.0.0.1",
         port: int = 0,
         relay_id: str = "",
-        pacer: LinkPacer | None = None,
     ) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
@@ -87,7 +85,7 @@ class Relay:
         self._thread = LoopThread(f"rose-relay-{self.source}")
         self._upstream = self._thread.submit(_make_link(secret, upstream, self.relay_id)).result()
         self._server = RelayServer(secret, self._upstream, self.relay_id)
-        self._thread.submit(self._server.serve(self._listener, pacer))
+        self._thread.submit(self._server.serve(self._listener))
         self._closed = False
         log.info("relaying %s at %s", upstream, self.source)
 

@@ -9,7 +9,7 @@ logged, counted in ``rose_rejected_messages_total`` and the server keeps serving
 
 A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
 against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base) on a worker thread), and
-anything else dense. Each listener may have a ``LinkPacer`` (a modelled slow link) for its sends.
+anything else dense. Each listener may have a ``SendGate`` that admits its connections' sends.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from rose_core.messages import (
 )
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
-from rose_transfer.bench.link_pacer import LinkPacer
 from rose_transfer.metrics import SENT_BYTES
 from rose_transfer.serve.bucket_patch import patch_reply, same_buckets
 from rose_transfer.serve.version_store import ServedVersion, VersionStore
 from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.sealer import Sealer
+from rose_transfer.wire.send_gate import SendGate
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
@@ -80,8 +80,8 @@ class TransferServer:
 
     # ---------------------------------------------------------------- accept
 
-    async def serve(self, listener: socket.socket, pacer: LinkPacer | None = None) -> None:
-        """Accept and serve connections on ``listener``; their sends go through ``pacer`` if given."""
+    async def serve(self, listener: socket.socket, gate: SendGate | None = None) -> None:
+        """Accept and serve connections on ``listener``; ``gate``, if given, admits their sends."""
         listener.setblocking(False)
         loop = asyncio.get_running_loop()
         handlers: set[asyncio.Task[None]] = set()
@@ -94,7 +94,7 @@ class TransferServer:
                     await asyncio.sleep(0.1)
                     continue
                 self.connections += 1
-                task = asyncio.create_task(self._handle(sock, _peer_name(address), pacer))
+                task = asyncio.create_task(self._handle(sock, _peer_name(address), gate))
                 handlers.add(task)
                 task.add_done_callback(handlers.discard)
         finally:
@@ -102,8 +102,8 @@ class TransferServer:
                 task.cancel()
             await asyncio.gather(*handlers, return_exceptions=True)
 
-    async def _handle(self, sock: socket.socket, peer: str, pacer: LinkPacer | None = None) -> None:
-        await self.handle_connection(FrameSocket(sock, pacer=pacer), peer)
+    async def _handle(self, sock: socket.socket, peer: str, gate: SendGate | None = None) -> None:
+        await self.handle_connection(FrameSocket(sock, gate=gate), peer)
 
     async def handle_connection(self, conn: FrameConnection, peer: str) -> None:
         """Serve one accepted connection (a ``FrameSocket`` or a ``UcxFrameSocket``) until it ends."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections import deque
 from typing import Any
 
@@ -21,11 +20,8 @@ from rose_core.messages import Hello, TransferReply, WeightManifest, Welcome
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer._version import __version__
 from rose_transfer.errors import TransferError
-from rose_transfer.fetch.file_sink import REPLY_OVERHEAD
-from rose_transfer.wire.frame_connection import FrameConnection
-from rose_transfer.wire.frame_socket import FrameSocket
-from rose_transfer.wire.tcp_address import parse_source
-from rose_transfer.wire.ucx_address import UCX_SCHEME
+from rose_transfer.wire.connect import open_connection
+from rose_transfer.wire.frame_connection import REPLY_OVERHEAD, FrameConnection
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +53,7 @@ class UpstreamLink:
     async def _connection(self) -> FrameConnection:
         async with self._connecting:
             if self._conn is None:
-                conn = await self._open()
+                conn = await open_connection(self.source, self._timeout)
                 try:
                     await self._handshake(conn)
                 except BaseException:
@@ -66,24 +62,6 @@ class UpstreamLink:
                 self._conn = conn
                 self._reader = asyncio.create_task(self._read(conn))
             return self._conn
-
-    async def _open(self) -> FrameConnection:
-        if self.source.startswith(UCX_SCHEME):
-            from rose_transfer.wire.ucx_transport import ucx_connect
-
-            return await ucx_connect(self.source, self._timeout)
-        host, port = parse_source(self.source)
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setblocking(False)
-        try:
-            await asyncio.wait_for(loop.sock_connect(sock, address), self._timeout)
-        except BaseException:
-            sock.close()
-            raise
-        return FrameSocket(sock)
 
     async def _handshake(self, conn: FrameConnection) -> None:
         framer = self._framer

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rose_core.messages import TensorEntry
 from rose_transfer.version.manifest import tensor_views
+
+if TYPE_CHECKING:
+    from rose_transfer.version.torch_tensors import Tensor
 
 
 @dataclass(slots=True)
@@ -31,6 +35,15 @@ def load_arrays(fetched: FetchedVersion) -> dict[str, np.ndarray]:
     size = fetched.path.stat().st_size
     stream = np.memmap(fetched.path, dtype=np.uint8, mode="c", shape=(size,)) if size else np.empty(0, np.uint8)
     return tensor_views(stream, fetched.entries)
+
+
+def load_tensors(fetched: FetchedVersion) -> list[tuple[str, Tensor]]:
+    """``(name, tensor)`` pairs of a fetched version, mapped copy-on-write from its file (the
+    ``[torch]`` extra; tensors carry the dtype they travelled as, bfloat16 included)."""
+    from rose_transfer.version.torch_tensors import as_tensor
+
+    dtypes = {entry.name: entry.dtype for entry in fetched.entries}
+    return [(name, as_tensor(array, dtypes[name])) for name, array in load_arrays(fetched).items()]
 
 
 @dataclass(slots=True, frozen=True)

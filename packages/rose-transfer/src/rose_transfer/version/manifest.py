@@ -49,19 +49,17 @@ def checksum_stream() -> Any:
     return xxhash.xxh3_64()
 
 
-def _torch_module(obj: Any) -> Any:
-    """rose_transfer.torch_tensors when ``obj`` is a torch tensor (torch already loaded), else None."""
+def _is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (only possible when torch is already loaded: never imports it)."""
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(obj, torch.Tensor):
-        return None
-    from rose_transfer.version import torch_tensors
-    return torch_tensors
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def _describe(name: str, obj: Any) -> tuple[str, list[int], int]:
-    torch_tensors = _torch_module(obj)
-    if torch_tensors is not None:
-        return torch_tensors.describe(obj)  # type: ignore[no-any-return]
+    if _is_torch_tensor(obj):
+        from rose_transfer.version.torch_tensors import describe
+
+        return describe(obj)
     if not isinstance(obj, np.ndarray):
         raise RoseError(f"weight {name!r} is a {type(obj).__name__}: publish numpy arrays or torch tensors")
     storage, dtype = travel_dtype(obj.dtype)
@@ -69,8 +67,12 @@ def _describe(name: str, obj: Any) -> tuple[str, list[int], int]:
 
 
 def _travel_form(obj: Any) -> np.ndarray:
-    torch_tensors = _torch_module(obj)
-    array = torch_tensors.tensor_travel_form(obj)[0] if torch_tensors is not None else numpy_travel_form(obj)[0]
+    if _is_torch_tensor(obj):
+        from rose_transfer.version.torch_tensors import tensor_travel_form
+
+        array = tensor_travel_form(obj)[0]
+    else:
+        array = numpy_travel_form(obj)[0]
     return np.asarray(array).reshape(-1).view(np.uint8)
 
 

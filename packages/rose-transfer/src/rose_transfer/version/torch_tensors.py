@@ -1,26 +1,37 @@
-"""The one module of rose-transfer that imports torch: tensors in, tensors out.
+"""The host side's one module that imports torch: tensors in, tensors out.
 
 Imported only when a torch tensor is handed in (``sys.modules`` already holds torch) or when a caller
 asks for torch tensors back; installing rose-transfer never pulls torch (it is the ``[torch]`` extra).
+It depends only on ``dtypes``: what it binds to is described by ``HeldWeights`` (which
+``resident.resident_weights.ResidentWeights`` is), and ``fetched_version.load_tensors`` calls it.
+(The device codec, ``codec.cuda_codec``, imports torch itself: it must load without rose.)
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol, cast
 
 import numpy as np
 
 from rose_core.errors import RoseError, require_extra
+from rose_core.messages import WeightManifest
 from rose_transfer.version.dtypes import RAW_DTYPES, storage_dtype
 
 with require_extra("torch (to hand weights to a model)", "rose-transfer[torch]"):
     import torch
 
-if TYPE_CHECKING:
-    from rose_transfer.resident.resident_weights import ResidentWeights
-    from rose_transfer.version.fetched_version import FetchedVersion
+Tensor = torch.Tensor
+
+
+class HeldWeights(Protocol):
+    """A version held in memory whose tensors can be handed out as views (``ResidentWeights``)."""
+
+    manifest: WeightManifest | None
+    pinned: bool  # views were handed out: the buffer must never be swapped from under them
+
+    def arrays(self) -> dict[str, np.ndarray]: ...
 
 
 def _raw_name(dtype: torch.dtype) -> str:
@@ -44,7 +55,7 @@ def _torch_dtype_of(np_dtype: np.dtype) -> torch.dtype:
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a tensor that travelled as ``name``."""
     if name in RAW_DTYPES:
-        return getattr(torch, name)  # type: ignore[no-any-return]
+        return cast(torch.dtype, getattr(torch, name))
     return _torch_dtype_of(storage_dtype(name))
 
 
@@ -54,20 +65,12 @@ def as_tensor(array: np.ndarray, name: str) -> torch.Tensor:
     return tensor.view(torch_dtype(name)) if name in RAW_DTYPES else tensor
 
 
-def load_tensors(fetched: FetchedVersion) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs of a fetched version, mapped copy-on-write from its file."""
-    from rose_transfer.version.fetched_version import load_arrays
-
-    dtypes = {entry.name: entry.dtype for entry in fetched.entries}
-    return [(name, as_tensor(array, dtypes[name])) for name, array in load_arrays(fetched).items()]
-
-
 def describe(tensor: torch.Tensor) -> tuple[str, list[int], int]:
     """``(dtype name, shape, nbytes)`` of a tensor, without copying it."""
     return _raw_name(tensor.dtype), [int(n) for n in tensor.shape], tensor.numel() * tensor.element_size()
 
 
-def resident_state_dict(target: ResidentWeights) -> dict[str, torch.Tensor]:
+def resident_state_dict(target: HeldWeights) -> dict[str, torch.Tensor]:
     """The resident version as a state dict of tensors that share the target's memory: every version
     ``WeightFetcher.fetch_into`` applies later shows in them, in place (the target is pinned)."""
     if target.manifest is None:
@@ -77,7 +80,7 @@ def resident_state_dict(target: ResidentWeights) -> dict[str, torch.Tensor]:
     return {name: as_tensor(array, dtypes[name]) for name, array in target.arrays().items()}
 
 
-def bind_module(module: torch.nn.Module, target: ResidentWeights, names: Mapping[str, str] | None = None) -> list[str]:
+def bind_module(module: torch.nn.Module, target: HeldWeights, names: Mapping[str, str] | None = None) -> list[str]:
     """Make the parameters and buffers of ``module`` views of the resident version, so every later
     version lands in the module in place (O(changes) for patches). ``names`` maps a module name to
     its name in the version (default: the same). Returns the bound names; shapes and dtypes must match.

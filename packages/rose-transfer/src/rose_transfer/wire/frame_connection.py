@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+REPLY_OVERHEAD = 1024 * 1024  # a bucket reply's bytes beyond the bucket: its message limit is bucket + this
+
 
 class FrameConnection(Protocol):
     bytes_received: int

@@ -3,7 +3,8 @@
 The frames are the output of ``rose_core.wire.Framer.seal`` (envelope, HMAC, header, bulk buffers), so
 every message on the stream is authenticated; this layer only delimits them. Large frames are sent from
 and received into caller memory without copies (``loop.sock_sendall`` / ``loop.sock_recv_into``); a
-receiver can name the buffer that the bulk frame of the next message lands in.
+receiver can name the buffer that the bulk frame of the next message lands in. A ``SendGate``, if
+given, admits each piece before it is sent (``send_gate``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rose_core.errors import ProtocolError
-from rose_transfer.bench.link_pacer import CHUNK_BYTES, LinkPacer
+from rose_transfer.wire.send_gate import GATE_CHUNK_BYTES, SendGate
 
 MAX_FRAMES = 16
 _COUNT = struct.Struct(">I")
@@ -30,9 +31,9 @@ class ConnectionClosed(ConnectionError):
 class FrameSocket:
     """One connected, non-blocking TCP socket driven by the running event loop."""
 
-    def __init__(self, sock: socket.socket, stall_timeout: float = 60.0, pacer: LinkPacer | None = None) -> None:
+    def __init__(self, sock: socket.socket, stall_timeout: float = 60.0, gate: SendGate | None = None) -> None:
         sock.setblocking(False)
-        self.pacer = pacer
+        self.gate = gate
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             _tune(sock, stall_timeout)
         self.sock = sock
@@ -69,12 +70,12 @@ class FrameSocket:
 
     async def _sendall(self, data: Any) -> None:
         view = memoryview(data).cast("B")
-        if self.pacer is None:
+        if self.gate is None:
             await self._loop.sock_sendall(self.sock, view)
-        else:  # a modelled slow link: in paced pieces
-            for start in range(0, view.nbytes, CHUNK_BYTES):
-                piece = view[start : start + CHUNK_BYTES]
-                await self.pacer.pace(piece.nbytes)
+        else:  # in pieces, each admitted by the gate
+            for start in range(0, view.nbytes, GATE_CHUNK_BYTES):
+                piece = view[start : start + GATE_CHUNK_BYTES]
+                await self.gate.admit(piece.nbytes)
                 await self._loop.sock_sendall(self.sock, piece)
         self.bytes_sent += view.nbytes
 

@@ -1,10 +1,10 @@
 """The weight channel over UCX (``ucxx``): the same multipart messages as ``frame_socket`` over TCP.
 
 ``UcxFrameSocket`` has ``FrameSocket``'s interface (``send``/``recv``/``close``, byte counters, an
-optional ``LinkPacer``), so ``TransferServer``, ``TransferClient`` and relays run unchanged on it.
+optional ``SendGate``), so ``TransferServer``, ``TransferClient`` and relays run unchanged on it.
 A message is a fixed header (frame count and lengths, ``1 + MAX_FRAMES`` u64) and then each frame;
 frames over ``UCX_CHUNK_BYTES`` (16 MiB) travel as consecutive chunks (UCX tag messages are received into buffers
-of exactly their size, and pacing works per chunk). UCX picks the transport (RDMA, NVLink, shared
+of exactly their size; a gate admits each chunk). UCX picks the transport (RDMA, NVLink, shared
 memory, TCP) by itself; sources are ``ucx://HOST:PORT``. Needs the ``[ucx]`` extra."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from rose_core.errors import ProtocolError, require_extra
-from rose_transfer.bench.link_pacer import CHUNK_BYTES, LinkPacer
 from rose_transfer.wire.frame_socket import MAX_FRAMES, ConnectionClosed
+from rose_transfer.wire.send_gate import SendGate
 from rose_transfer.wire.ucx_address import UCX_SCHEME, parse_ucx_source
 
 log = logging.getLogger(__name__)
 _HEADER_WORDS = 1 + MAX_FRAMES
-UCX_CHUNK_BYTES = 16 * CHUNK_BYTES  # one tag message per 16 MiB (per-message costs dominate below)
+UCX_CHUNK_BYTES = 16 * 1024 * 1024  # one tag message per 16 MiB (per-message costs dominate below)
 
 
 def ucxx_module() -> Any:
@@ -33,9 +33,9 @@ def ucxx_module() -> Any:
 
 
 class UcxFrameSocket:
-    def __init__(self, endpoint: Any, pacer: LinkPacer | None = None) -> None:
+    def __init__(self, endpoint: Any, gate: SendGate | None = None) -> None:
         self._ep = endpoint
-        self.pacer = pacer
+        self.gate = gate
         self.bytes_received = 0
         self.bytes_sent = 0
         self._sending = asyncio.Lock()  # one message's pieces go out together, whoever else sends
@@ -59,8 +59,8 @@ class UcxFrameSocket:
         for view in views:
             for start in range(0, view.nbytes, UCX_CHUNK_BYTES):
                 piece = view[start : start + UCX_CHUNK_BYTES]
-                if self.pacer is not None:
-                    await self.pacer.pace(piece.nbytes)
+                if self.gate is not None:
+                    await self.gate.admit(piece.nbytes)
                 await self._send(piece)
 
     async def _send(self, view: memoryview) -> None:
@@ -103,8 +103,8 @@ class UcxFrameSocket:
 
 
 async def ucx_connect(source: str, timeout: float) -> UcxFrameSocket:
-    ucxx = ucxx_module()
     host, port = parse_ucx_source(source)
+    ucxx = ucxx_module()
     endpoint = await asyncio.wait_for(ucxx.create_endpoint(host, port), timeout)
     return UcxFrameSocket(endpoint)
 
@@ -113,14 +113,14 @@ def ucx_listen(
     handle: Callable[[UcxFrameSocket, str], Awaitable[None]],
     host: str = "127.0.0.1",
     port: int = 0,
-    pacer: LinkPacer | None = None,
+    gate: SendGate | None = None,
 ) -> tuple[Any, str]:
-    """Start a UCX listener (on the running loop) that hands each connection to ``handle``; returns
-    the listener (``close()`` it) and its ``ucx://HOST:PORT`` source."""
+    """Start a UCX listener (on the running loop) that hands each connection to ``handle`` (its sends
+    admitted by ``gate`` if given); returns the listener (``close()`` it) and its ``ucx://HOST:PORT`` source."""
     ucxx = ucxx_module()
 
     async def on_connect(endpoint: Any) -> None:
-        conn = UcxFrameSocket(endpoint, pacer)
+        conn = UcxFrameSocket(endpoint, gate)
         try:
             await handle(conn, "ucx-peer")
         finally:
