@@ -181,6 +181,7 @@ def test_a_relay_carries_dense_buckets_larger_than_the_default_message_limit(
     """A full sync through a relay: the default 64 MiB bucket is larger than the default message
     limit; the relay's link takes its limit from the manifest (scaled down here)."""
     from rose_transfer.serve import upstream_link
+
     monkeypatch.setattr(upstream_link, "DEFAULT_MAX_MESSAGE_BYTES", 12 * 1024)  # < the 16 KiB buckets
     state = random_state_dict(scale=20)
     announce = sparse.publish(0, 0, state)

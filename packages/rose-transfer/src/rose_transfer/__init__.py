@@ -1,7 +1,6 @@
 """ROSE transfer: moves each weight version from the trainer to every rollout engine."""
 
-__version__ = "0.1.0"
-
+from rose_transfer._version import __version__
 from rose_transfer.errors import TransferError
 from rose_transfer.fetch.fetcher import WeightFetcher
 from rose_transfer.resident.resident_weights import ResidentWeights
