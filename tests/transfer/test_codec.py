@@ -10,11 +10,11 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_transfer import changed_words as changed_words_module
-from rose_transfer.changed_words import changed_words
-from rose_transfer.codec import DENSE, PATCH, CodecError, decode_bucket, encode_bucket
-from rose_transfer.sparse_patch import HEADER
-from rose_transfer.varint import VarintError, decode_varints, encode_varints
+from rose_transfer.codec import changed_words as changed_words_module
+from rose_transfer.codec.bucket_codec import DENSE, PATCH, CodecError, decode_bucket, encode_bucket
+from rose_transfer.codec.changed_words import changed_words
+from rose_transfer.codec.sparse_patch import HEADER
+from rose_transfer.codec.varint import VarintError, decode_varints, encode_varints
 
 
 def _model_bucket(dtype: str, n: int, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -206,9 +206,9 @@ def test_byte_gaps_refuse_miscounted_escapes_and_positions_past_the_bucket() -> 
 
 def test_a_patch_failing_midway_rolls_back_every_block_it_wrote() -> None:
     """Positions come in one reused buffer block by block; the rollback decodes them again."""
-    from rose_transfer.in_place_patch import patch_in_place
-    from rose_transfer.sparse_patch import PatchError
-    from rose_transfer.undo_log import UndoLog
+    from rose_transfer.codec.sparse_patch import PatchError
+    from rose_transfer.resident.in_place_patch import patch_in_place
+    from rose_transfer.resident.undo_log import UndoLog
 
     n_words = 4_000_000
     positions = np.flatnonzero(np.random.default_rng(9).random(n_words) < 0.02)  # about 5 blocks

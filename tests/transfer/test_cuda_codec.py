@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rose_transfer import cuda_codec  # noqa: E402
-from rose_transfer.changed_words import changed_words  # noqa: E402
-from rose_transfer.codec import decode_bucket, encode_bucket  # noqa: E402
+from rose_transfer.codec import cuda_codec  # noqa: E402
+from rose_transfer.codec.bucket_codec import decode_bucket, encode_bucket  # noqa: E402
+from rose_transfer.codec.changed_words import changed_words  # noqa: E402
 
 
 def _pair(n: int, fraction: float, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +71,7 @@ def test_triton_kernels_are_bit_exact_in_the_interpreter() -> None:
     pytest.importorskip("triton")
     script = """
 import torch
-from rose_transfer import cuda_codec as cc
+from rose_transfer.codec import cuda_codec as cc
 old = torch.randn(100_003).to(torch.bfloat16)
 new = old.clone()
 picked = torch.rand(old.numel()) < 0.01

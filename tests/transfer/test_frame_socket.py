@@ -7,7 +7,7 @@ import socket
 
 import numpy as np
 
-from rose_transfer.frame_socket import FrameSocket
+from rose_transfer.wire.frame_socket import FrameSocket
 
 
 def test_concurrent_senders_never_interleave_their_frames() -> None:

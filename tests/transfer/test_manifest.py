@@ -11,7 +11,14 @@ import pytest
 from rose_core.errors import RoseError
 from rose_core.messages import WeightManifest
 from rose_transfer.errors import TransferError
-from rose_transfer.manifest import ALIGN, bucket_checksum, check_manifest, flatten, manifest_digest, tensor_views
+from rose_transfer.version.manifest import (
+    ALIGN,
+    bucket_checksum,
+    check_manifest,
+    flatten,
+    manifest_digest,
+    tensor_views,
+)
 
 from .conftest import assert_same, random_state_dict
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from rose_transfer import ResidentWeights, TransferError, WeightFetcher, flatten
-from rose_transfer.codec import encode_bucket
-from rose_transfer.resident_commit import commit
-from rose_transfer.sparse_publisher import SparsePublisher
+from rose_transfer.codec.bucket_codec import encode_bucket
+from rose_transfer.resident.resident_commit import commit
+from rose_transfer.serve.sparse_publisher import SparsePublisher
 
 from .conftest import SECRET, assert_same, random_state_dict
 from .test_sparse_relay import _next_version

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rose_transfer import ResidentWeights, WeightFetcher  # noqa: E402
-from rose_transfer.sparse_publisher import SparsePublisher  # noqa: E402
-from rose_transfer.torch_tensors import bind_module, resident_state_dict  # noqa: E402
+from rose_transfer.serve.sparse_publisher import SparsePublisher  # noqa: E402
+from rose_transfer.version.torch_tensors import bind_module, resident_state_dict  # noqa: E402
 
 from .conftest import SECRET  # noqa: E402
 

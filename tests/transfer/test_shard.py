@@ -11,19 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose_core.errors import RoseError
-from rose_transfer.manifest import flatten
-from rose_transfer.shard import (
-    ModelShape,
-    PipelineLayout,
-    Section,
-    ShardSpec,
-    assemble,
-    infer_shard_spec,
-    local_shape,
-    needed_buckets,
-    plan_tensor,
-    receiver_segments,
-)
+from rose_transfer.bench.pipeline_layout import PipelineLayout
+from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
+from rose_transfer.plan.shard_plan import assemble, needed_buckets, plan_tensor, receiver_segments
+from rose_transfer.plan.shard_spec import Section, ShardSpec, local_shape
+from rose_transfer.version.manifest import flatten
 
 DEGREES = [1, 2, 4, 8]
 

@@ -12,9 +12,9 @@ import pytest
 from rose_core.errors import RoseError
 from rose_core.messages import ShardView
 from rose_transfer import ResidentWeights, TransferError, WeightFetcher
-from rose_transfer.manifest import check_manifest
-from rose_transfer.relay import Relay
-from rose_transfer.sparse_publisher import SparsePublisher
+from rose_transfer.serve.relay import Relay
+from rose_transfer.serve.sparse_publisher import SparsePublisher
+from rose_transfer.version.manifest import check_manifest
 
 from .conftest import SECRET, assert_same
 from .test_sparse_relay import _next_version

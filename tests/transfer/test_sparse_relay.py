@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rose_transfer import WeightFetcher, flatten, load_arrays
-from rose_transfer.link_pacer import LinkPacer
-from rose_transfer.relay import Relay
-from rose_transfer.sparse_publisher import SparsePublisher
-from rose_transfer.transfer_plan import Receiver, plan_transfer
+from rose_transfer.bench.link_pacer import LinkPacer, open_link
+from rose_transfer.bench.transfer_plan import Receiver, plan_transfer
+from rose_transfer.serve.relay import Relay
+from rose_transfer.serve.sparse_publisher import SparsePublisher
 
 from .conftest import SECRET, assert_same, random_state_dict
 
@@ -92,7 +92,7 @@ def test_shard_subset_pulls_only_its_buckets(sparse: SparsePublisher, tmp_path: 
 
 
 def _slow_link(publisher: SparsePublisher, mbps: float) -> str:
-    return publisher.open_link(LinkPacer(mbps * 1e6 / 8, burst_bytes=16 * 1024))
+    return open_link(publisher, LinkPacer(mbps * 1e6 / 8, burst_bytes=16 * 1024))
 
 
 def test_relay_dying_mid_transfer_falls_back_bit_exact(sparse: SparsePublisher, tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_a_relay_carries_dense_buckets_larger_than_the_default_message_limit(
 ) -> None:
     """A full sync through a relay: the default 64 MiB bucket is larger than the default message
     limit; the relay's link takes its limit from the manifest (scaled down here)."""
-    from rose_transfer import upstream_link
+    from rose_transfer.serve import upstream_link
 
     monkeypatch.setattr(upstream_link, "DEFAULT_MAX_MESSAGE_BYTES", 12 * 1024)  # < the 16 KiB buckets
     state = random_state_dict(scale=20)

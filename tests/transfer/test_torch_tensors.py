@@ -12,7 +12,8 @@ from rose_transfer import DensePublisher, WeightFetcher, flatten, load_arrays
 from .conftest import SECRET
 
 torch = pytest.importorskip("torch")
-from rose_transfer.torch_tensors import load_tensors, torch_dtype  # noqa: E402
+from rose_transfer.version.fetched_version import load_tensors  # noqa: E402
+from rose_transfer.version.torch_tensors import torch_dtype  # noqa: E402
 
 
 def _torch_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rose_core.errors import ConfigError
-from rose_transfer.transfer_bench import BenchConfig, run_transfer_bench
+from rose_transfer.bench.transfer_bench import BenchConfig, run_transfer_bench
 
 KEYS = [
     "changed_fraction",

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("ucxx")
 
 from rose_transfer import WeightFetcher, load_arrays
-from rose_transfer.sparse_publisher import SparsePublisher
+from rose_transfer.serve.sparse_publisher import SparsePublisher
 
 from .conftest import SECRET, assert_same, random_state_dict
 
@@ -39,7 +39,7 @@ def test_views_through_a_relay_over_ucx_never_fall_back() -> None:
 
     from rose_core.messages import ShardView
     from rose_transfer import ResidentWeights
-    from rose_transfer.relay import Relay
+    from rose_transfer.serve.relay import Relay
 
     from .test_shard_views import SHARDS, _slices, _state
 

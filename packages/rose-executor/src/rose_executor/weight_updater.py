@@ -132,7 +132,7 @@ class WeightUpdater:
     async def _fetch(self, announce: WeightAnnounce, dest: Path) -> Any:
         if self._fetcher is None:
             with require_extra("rose-transfer's WeightFetcher", "rose-transfer"):
-                from rose_transfer.fetcher import WeightFetcher
+                from rose_transfer import WeightFetcher
             self._fetcher = WeightFetcher(secret=self._secret, receiver_id=self.executor_id)
         return await self._fetcher.fetch(announce, have_version=self.runner.weight_version, dest=dest)
 

@@ -16,7 +16,7 @@ import numpy as np
 from rose_core.auth import load_secret
 from rose_core.errors import RoseError
 from rose_core.messages import WeightAnnounce
-from rose_transfer import __version__
+from rose_transfer._version import __version__
 
 MIB = 1024 * 1024
 
@@ -48,7 +48,7 @@ def main(verbose: int) -> None:
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
 def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, secret_file: str | None) -> None:
     """Serve the arrays of a .npz file as one weight version until interrupted."""
-    from rose_transfer.publisher import DensePublisher
+    from rose_transfer.serve.publisher import DensePublisher
 
     with np.load(weights) as npz:
         tensors = {name: npz[name] for name in npz.files}
@@ -72,7 +72,7 @@ def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, sec
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def fetch(source: str, version: int, dest: Path, digest: str, secret_file: str | None, as_json: bool) -> None:
     """Fetch weight VERSION from SOURCE (tcp://HOST:PORT) into the file DEST."""
-    from rose_transfer.fetcher import WeightFetcher
+    from rose_transfer.fetch.fetcher import WeightFetcher
 
     announce = WeightAnnounce(version=version, step=0, source=source, manifest_digest=digest)
     fetched = asyncio.run(WeightFetcher(load_secret(secret_file), "rose-transfer-cli").fetch(announce, -1, dest))
@@ -115,8 +115,8 @@ def bench(
     as_json: bool,
 ) -> None:
     """Dense broadcast (today's systems) against ROSE's shard-aware, sparse, relayed transfer."""
-    from rose_transfer.bench_progress import BenchProgress
-    from rose_transfer.transfer_bench import BenchConfig, run_transfer_bench
+    from rose_transfer.bench.progress import BenchProgress
+    from rose_transfer.bench.transfer_bench import BenchConfig, run_transfer_bench
 
     cfg = BenchConfig(
         params=int(params),
@@ -148,7 +148,7 @@ def bench(
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench_fetch(size_mb: int, bucket_mb: int, window: int, runs: int, dest_dir: Path | None, as_json: bool) -> None:
     """Fetch a dense version between two local processes; compare with raw TCP in the same run."""
-    from rose_transfer.loopback_bench import run_loopback_bench
+    from rose_transfer.bench.loopback_bench import run_loopback_bench
 
     result = run_loopback_bench(size_mb * 1_000_000, bucket_mb * MIB, window, runs, dest_dir)
     if as_json:
@@ -170,7 +170,7 @@ def bench_fetch(size_mb: int, bucket_mb: int, window: int, runs: int, dest_dir: 
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench_codec(size_mb: int, dtype: str, changed: float, bucket_mb: int, runs: int, as_json: bool) -> None:
     """Encode/decode speed of the sparse codec against the naive numpy patch (one core)."""
-    from rose_transfer.codec_bench import run_codec_bench
+    from rose_transfer.bench.codec_bench import run_codec_bench
 
     result = run_codec_bench(size_mb * 1_000_000, dtype, changed, bucket_mb * MIB, runs)
     if as_json:

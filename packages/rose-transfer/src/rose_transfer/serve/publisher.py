@@ -1,0 +1,145 @@
+"""``DensePublisher``: the ``rose.weight_publishers`` entry ``dense``. Serves whole weight versions.
+
+The controller is synchronous, so the TCP server runs on its own event-loop thread; ``publish`` copies
+the tensors into a flat stream (in the caller's thread), registers it, and returns the announcement.
+The newest ``keep_versions`` versions stay fetchable. ``SparsePublisher`` is this class with ``sparse``
+set: one constructor for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from rose_core.auth import MIN_SECRET_BYTES, POLY1305
+from rose_core.errors import ConfigError, RoseError
+from rose_core.messages import ShardView, WeightAnnounce
+from rose_transfer.serve.transfer_server import TransferServer
+from rose_transfer.serve.version_store import VersionStore
+from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
+from rose_transfer.wire.loop_thread import LoopThread
+from rose_transfer.wire.send_gate import SendGate
+from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source
+from rose_transfer.wire.ucx_transport import ucx_listen
+
+log = logging.getLogger(__name__)
+
+
+class DensePublisher:
+    """Implements ``rose_core.weights.WeightPublisher``; every byte of a version travels to every receiver.
+
+    ``bulk_mac``: how bucket replies are signed: ``"poly1305"`` (default; a one-time-key Poly1305 tag,
+    about 7x cheaper than HMAC) or ``"hmac-sha256"``. Receivers accept both; control messages are always
+    HMAC-SHA256. Neither encrypts: see docs/transfer.md, "Threat model"."""
+
+    sparse: ClassVar[bool] = False  # answer a receiver holding a kept version with patches against it
+
+    def __init__(
+        self,
+        *,
+        secret: bytes,
+        host: str,
+        port: int,
+        keep_versions: int = 2,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        publisher_id: str = "",
+        bulk_mac: str = POLY1305,
+    ) -> None:
+        if self.sparse and keep_versions < 2:
+            raise ConfigError(
+                f"a sparse publisher keeps the previous version too: keep_versions >= 2, not {keep_versions}"
+            )
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
+        if bucket_bytes <= 0:
+            raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.bucket_bytes = bucket_bytes
+        self._store = VersionStore(keep_versions)
+        self._listener = bind_listener(host, port)
+        self.port = int(self._listener.getsockname()[1])
+        self.source = format_source(advertised_host(host), self.port)
+        self._host = host
+        server_id = publisher_id or f"weights@{self.source}"
+        self._server = TransferServer(secret, self._store, server_id, sparse=self.sparse, bulk_mac=bulk_mac)
+        self._thread = LoopThread("rose-weight-publisher")
+        self._serving = self._thread.submit(self._server.serve(self._listener))
+        self._tcp_listeners: list[socket.socket] = []
+        self._ucx_listeners: list[Any] = []
+        self._closed = False
+        log.info("serving weight versions at %s", self.source)
+
+    def publish(
+        self, version: int, step: int, tensors: Mapping[str, Any], *, shards: Mapping[str, str] | None = None
+    ) -> WeightAnnounce:
+        """Make ``version`` fetchable (whole) and return the announcement executors act on. ``shards``:
+        the shard spec text of sharded tensors (the rest are replicated), for shard-aware receivers."""
+        if self._closed:
+            raise RoseError("this weight publisher is closed: create a new one to publish")
+        if version < 0:
+            raise RoseError(f"weight versions are non-negative, got {version}")
+        flat = flatten(tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards)
+        self._store.add(flat)
+        manifest = flat.manifest
+        log.info(
+            "published weight version %d: %d bytes in %d buckets", version, manifest.total_bytes, len(manifest.buckets)
+        )
+        return WeightAnnounce(
+            version=version,
+            step=step,
+            source=self.source,
+            manifest_digest=manifest.digest,
+            total_bytes=manifest.total_bytes,
+        )
+
+    def open_tcp(self, port: int = 0, *, gate: SendGate | None = None) -> str:
+        """Serve the same versions on another TCP port (0 picks one), its sends admitted by ``gate`` if
+        given; returns that port's ``tcp://`` source."""
+        listener = bind_listener(self._host, port)
+        self._tcp_listeners.append(listener)
+        self._thread.submit(self._server.serve(listener, gate))
+        return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
+
+    def open_ucx(self, *, gate: SendGate | None = None) -> str:
+        """Serve the same versions over UCX too (needs the ``[ucx]`` extra), its sends admitted by
+        ``gate`` if given; returns its ``ucx://`` source."""
+
+        async def start() -> str:
+            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), 0, gate)
+            self._ucx_listeners.append(listener)
+            return source
+
+        return self._thread.submit(start()).result()
+
+    def stream(self, version: int, view: ShardView | None = None) -> Any:
+        """The flat bytes (uint8) of a version still served (as ``view`` holds it), or None."""
+        served = self._store.get(version)
+        return None if served is None else served.view(view).stream
+
+    def versions(self) -> list[int]:
+        """The versions currently fetchable, oldest first."""
+        return self._store.versions()
+
+    @property
+    def rejected(self) -> int:
+        """Connections dropped for a rejected frame since start."""
+        return self._server.rejected
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ucx in self._ucx_listeners:
+            self._thread.loop.call_soon_threadsafe(ucx.close)
+        self._thread.stop()
+        self._listener.close()
+        for listener in self._tcp_listeners:
+            listener.close()
+        self._server.close()
+
+    def __enter__(self) -> DensePublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

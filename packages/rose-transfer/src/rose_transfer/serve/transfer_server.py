@@ -1,0 +1,260 @@
+"""The publisher's side of the weight channel: an asyncio TCP server answering pulls for buckets.
+
+Per connection: ``Hello(kind="weights")`` -> ``Welcome``, then any number of ``FetchManifest`` /
+``FetchBucket`` requests, answered in order with ``WeightManifest`` / ``BucketData`` / ``ErrorReport``.
+A reader task reads requests ahead while a writer task sends replies (signed on worker threads, cached
+per version), so a receiver that keeps several requests in flight is never idle on a round trip. A
+rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
+logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
+
+A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
+against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base) on a worker thread), and
+anything else dense. Each listener may have a ``SendGate`` that admits its connections' sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from rose_core.auth import POLY1305, Signer, check_mac_scheme
+from rose_core.errors import ProtocolError, RoseError
+from rose_core.messages import (
+    BucketData,
+    ErrorReport,
+    FetchBucket,
+    FetchManifest,
+    Hello,
+    ShardView,
+    TransferRequest,
+    WeightManifest,
+    Welcome,
+)
+from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.wire import Framer
+from rose_transfer.metrics import SENT_BYTES
+from rose_transfer.serve.bucket_patch import patch_reply, same_buckets
+from rose_transfer.serve.version_store import ServedVersion, VersionStore
+from rose_transfer.wire.frame_connection import FrameConnection
+from rose_transfer.wire.frame_socket import FrameSocket
+from rose_transfer.wire.sealer import Sealer
+from rose_transfer.wire.send_gate import SendGate
+
+log = logging.getLogger(__name__)
+MAX_REQUEST_BYTES = 64 * 1024
+_NOTIFIED_REASONS = ("unauthenticated", "wrong_version", "no_handshake")
+
+
+class TransferServer:
+    def __init__(
+        self,
+        secret: bytes,
+        store: VersionStore,
+        server_id: str,
+        *,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float = 600.0,
+        read_ahead: int = 8,
+        sparse: bool = False,
+        bulk_mac: str = POLY1305,
+    ) -> None:
+        self._secret = secret
+        self._store = store
+        self.server_id = server_id
+        self._handshake_timeout = handshake_timeout
+        self._idle_timeout = idle_timeout
+        self._read_ahead = read_ahead
+        self.sparse = sparse
+        self._sealer = Sealer(secret, bulk_mac=check_mac_scheme(bulk_mac))
+        self.rejected = 0
+        self.connections = 0
+
+    def close(self) -> None:
+        self._sealer.close()
+
+    # ---------------------------------------------------------------- accept
+
+    async def serve(self, listener: socket.socket, gate: SendGate | None = None) -> None:
+        """Accept and serve connections on ``listener``; ``gate``, if given, admits their sends."""
+        listener.setblocking(False)
+        loop = asyncio.get_running_loop()
+        handlers: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    sock, address = await loop.sock_accept(listener)
+                except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
+                    log.warning("weight server cannot accept a connection: %s", exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                self.connections += 1
+                task = asyncio.create_task(self._handle(sock, _peer_name(address), gate))
+                handlers.add(task)
+                task.add_done_callback(handlers.discard)
+        finally:
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+    async def _handle(self, sock: socket.socket, peer: str, gate: SendGate | None = None) -> None:
+        await self.handle_connection(FrameSocket(sock, gate=gate), peer)
+
+    async def handle_connection(self, conn: FrameConnection, peer: str) -> None:
+        """Serve one accepted connection (a ``FrameSocket`` or a ``UcxFrameSocket``) until it ends."""
+        framer = Framer(Signer(self._secret), TransferRequest, MAX_REQUEST_BYTES)
+        try:
+            if await self._handshake(conn, framer, peer):
+                await self._serve(conn, framer)
+        except ProtocolError as exc:
+            await self._reject(conn, framer, peer, exc)
+        except (OSError, TimeoutError) as exc:
+            log.debug("weight connection from %s ended: %s", peer, exc)
+        finally:
+            conn.close()
+
+    async def _handshake(self, conn: FrameConnection, framer: Framer, peer: str) -> bool:
+        frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._handshake_timeout)
+        hello = framer.open(frames)
+        if not isinstance(hello, Hello):
+            raise ProtocolError("no_handshake", f"first message is {type(hello).__name__}, not hello")
+        if hello.kind != "weights":
+            message = f"this is a weight publisher, not a controller: point {hello.kind} peers at the controller"
+            await conn.send(self._sealer.seal(ErrorReport(code="wrong_peer_kind", message=message)))
+            return False
+        log.debug("weight receiver %s connected from %s", hello.peer_id, peer)
+        await conn.send(self._sealer.seal(Welcome(controller_id=self.server_id)))
+        return True
+
+    async def _reject(self, conn: FrameConnection, framer: Framer, peer: str, exc: ProtocolError) -> None:
+        self.rejected += 1
+        REJECTED_MESSAGES.labels(exc.reason).inc()
+        if self.rejected <= 20 or self.rejected % 1000 == 0:
+            log.warning("dropped weight connection from %s (%s): %s", peer, exc.reason, exc)
+        if exc.reason in _NOTIFIED_REASONS:
+            with contextlib.suppress(OSError, TimeoutError):
+                await asyncio.wait_for(conn.send(framer.notice(exc.reason, str(exc))), 1.0)
+
+    # ---------------------------------------------------------------- requests
+
+    async def _serve(self, conn: FrameConnection, framer: Framer) -> None:
+        replies: asyncio.Queue[asyncio.Future[list[Any]]] = asyncio.Queue(self._read_ahead)
+        tasks = {
+            asyncio.create_task(self._read_requests(conn, framer, replies)),
+            asyncio.create_task(self._write_replies(conn, replies)),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _read_requests(
+        self, conn: FrameConnection, framer: Framer, replies: asyncio.Queue[asyncio.Future[list[Any]]]
+    ) -> None:
+        while True:
+            frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._idle_timeout)
+            request = framer.open(frames)
+            if isinstance(request, ErrorReport):  # a peer's notice: logged, never answered
+                log.info("weight receiver reports %s: %s", request.code, request.message)
+                continue
+            await replies.put(self._reply(request))
+
+    async def _write_replies(self, conn: FrameConnection, replies: asyncio.Queue[asyncio.Future[list[Any]]]) -> None:
+        while True:
+            frames = await asyncio.shield(await replies.get())  # shared with other connections
+            await conn.send(frames)
+            SENT_BYTES.inc(sum(memoryview(f).nbytes for f in frames))
+
+    def _reply(self, request: Any) -> asyncio.Future[list[Any]]:
+        if isinstance(request, Hello):
+            return self._now(Welcome(controller_id=self.server_id))
+        served = self._store.get(request.version)
+        if served is None:
+            return self._now(self._unknown_version(request.version))
+        if isinstance(request, FetchManifest):
+            view = request.view
+            return self._cached(served, ("manifest", view), lambda: self._manifest_reply(served, view))
+        if isinstance(request, FetchBucket) and 0 <= request.index < len(served.flat.manifest.buckets):
+            base, index, view = self._base(served, request.have_version), request.index, request.view
+            key = (index, None if base is None else base.version, view)
+            return self._cached(served, key, lambda: self._bucket_reply(served, base, index, view))
+        message = f"version {request.version} has no bucket {request.index}: the receiver's manifest is stale"
+        return self._now(ErrorReport(code="bad_request", message=message))
+
+    def _now(self, msg: msgspec.Struct) -> asyncio.Future[list[Any]]:
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future.set_result(self._sealer.seal(msg))
+        return future
+
+    def _base(self, served: ServedVersion, have_version: int) -> ServedVersion | None:
+        """The version to patch against: the receiver's, when this server is sparse and still holds it."""
+        if not self.sparse or have_version < 0 or have_version == served.version:
+            return None
+        return self._store.get(have_version)
+
+    def _cached(self, served: ServedVersion, key: Any, make: Callable[[], msgspec.Struct]) -> asyncio.Future[list[Any]]:
+        """Sealed frames of ``make()`` (built and signed on a worker thread once per version and key)."""
+        future = served.sealed.get(key)
+        if future is None or _failed(future):
+            loop = asyncio.get_running_loop()
+            future = served.sealed[key] = loop.run_in_executor(self._sealer.pool, lambda: self._sealer.seal(make()))
+        return future
+
+    @staticmethod
+    def _manifest_reply(served: ServedVersion, view: ShardView | None) -> WeightManifest | ErrorReport:
+        try:
+            return served.view(view).manifest
+        except RoseError as exc:
+            return _unservable(served, view, exc)
+
+    @staticmethod
+    def _bucket_reply(
+        served: ServedVersion, base: ServedVersion | None, index: int, view: ShardView | None
+    ) -> BucketData | ErrorReport:
+        """Bucket ``index`` of ``served`` (as ``view`` holds it): a patch against ``base`` where the
+        two are cut alike, else dense. Runs on a worker thread (a view is cut on first use)."""
+        try:
+            new = served.view(view)
+            old = None if base is None else base.view(view)
+        except RoseError as exc:
+            return _unservable(served, view, exc)
+        if index >= len(new.manifest.buckets):
+            message = f"version {served.version} as {view} has no bucket {index}: the receiver's manifest is stale"
+            return ErrorReport(code="bad_request", message=message)
+        if old is not None and same_buckets(old, new):
+            return patch_reply(old, new, index)
+        info = new.manifest.buckets[index]
+        return BucketData(
+            version=served.version, index=index, encoding="dense", checksum=info.checksum, data=new.bucket(index)
+        )
+
+    def _unknown_version(self, version: int) -> ErrorReport:
+        kept = self._store.versions()
+        message = (
+            f"weight version {version} is not served here (the publisher keeps versions {kept}): "
+            "fetch the version of the newest announce"
+        )
+        return ErrorReport(code="unknown_version", message=message, ref=str(version))
+
+
+def _unservable(served: ServedVersion, view: ShardView | None, exc: RoseError) -> ErrorReport:
+    """The refusal of a view this version cannot be cut into (a degree that does not divide it, ...)."""
+    where = "" if view is None else f" as rank {view.rank} of tensor-parallel degree {view.tp}"
+    return ErrorReport(code="bad_request", message=f"cannot serve weight version {served.version}{where}: {exc}")
+
+
+def _peer_name(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    return future.done() and (future.cancelled() or future.exception() is not None)
