@@ -37,7 +37,7 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_core.metrics import free_port
-from rose_executor.co_serving import footprint
+from rose_executor.memory.serving_first_budget import footprint
 from rose_transfer import DensePublisher
 
 from .conftest import SECRET

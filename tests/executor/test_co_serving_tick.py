@@ -19,10 +19,10 @@ from rose_core.policy import (
     LiveRequest,
     MemoryPolicyConfig,
 )
-from rose_executor.co_serving import CoServing
-from rose_executor.engine import GenerationOutput
-from rose_executor.rollout_runner import RolloutRunner
-from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.engine.vllm_engine import GenerationOutput
+from rose_executor.memory.serving_first_budget import ModelFootprint, ServingFirstBudget
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
 

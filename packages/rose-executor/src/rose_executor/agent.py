@@ -37,21 +37,22 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_executor import __version__
-from rose_executor.co_serving import CoServing, memory_budget
-from rose_executor.colocated_profile import load_or_profile_colocated
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
 from rose_executor.config import ExecutorConfig
 from rose_executor.controller_link import ControllerLink
-from rose_executor.latency_profile import load_or_profile
-from rose_executor.model_info import describe_model
-from rose_executor.orphan_guard import OrphanGuard
-from rose_executor.rollout_runner import RolloutRunner
-from rose_executor.serving_api import OpenAIServer
-from rose_executor.serving_monitor import ServingMonitor
-from rose_executor.weight_file import stage_dir
-from rose_executor.weight_updater import WeightUpdater
+from rose_executor.engine.latency_profile import load_or_profile
+from rose_executor.engine.model_info import describe_model
+from rose_executor.engine.orphan_guard import OrphanGuard
+from rose_executor.engine.weight_file import stage_dir
+from rose_executor.memory.serving_first_budget import memory_budget
+from rose_executor.rollout.rollout_runner import RolloutRunner
+from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.serving_monitor import ServingMonitor
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class ExecutorAgent:
 
     async def _start_engines(self) -> None:
         cfg = self.config
-        engine_module = await asyncio.to_thread(importlib.import_module, "rose_executor.engine")
+        engine_module = await asyncio.to_thread(importlib.import_module, "rose_executor.engine.vllm_engine")
         self._orphan_guard = OrphanGuard()
         if self.options.role == "serving":
             self._server = OpenAIServer(cfg.serving_host, cfg.serving_port)

@@ -19,7 +19,7 @@ from rose_executor.config import load_executor_config
 def main() -> None:
     """``rose-executor bench ...`` runs the co-serving benchmark; anything else runs the agent."""
     if sys.argv[1:2] == ["bench"]:
-        from rose_executor.bench_cli import bench
+        from rose_executor.bench.bench_cli import bench
 
         bench(args=sys.argv[2:], prog_name="rose-executor bench")
     else:

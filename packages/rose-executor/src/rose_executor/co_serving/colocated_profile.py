@@ -20,7 +20,7 @@ import numpy as np
 
 from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
-from rose_executor.latency_profile import (
+from rose_executor.engine.latency_profile import (
     EngineProfile,
     cached_profile,
     profile_engine,
@@ -29,7 +29,7 @@ from rose_executor.latency_profile import (
 )
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
 COLOCATED_REPEATS = 5
 LOAD_PROMPT_TOKENS = 64

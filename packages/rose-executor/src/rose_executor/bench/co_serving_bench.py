@@ -31,10 +31,10 @@ import numpy as np
 
 from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets
-from rose_executor.co_serving import CoServing
-from rose_executor.colocated_profile import guard_serving_model, load_or_profile_colocated
-from rose_executor.latency_profile import EngineProfile, load_or_profile
-from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
+from rose_executor.engine.latency_profile import EngineProfile, load_or_profile
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ async def run_bench(
     models_dir: Path, seconds: float, slo_multiple: float = SLO_MULTIPLE, repeats: int = 3
 ) -> dict[str, Any]:
     from rose_core.rl.models import ensure_models
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     models = ensure_models(models_dir)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from rose_executor import metrics
-from rose_executor.latency_window import LatencySnapshot, LatencyWindow
+from rose_executor.serving.latency_window import LatencySnapshot, LatencyWindow
 
 
 class EngineStatsObserver(Protocol):

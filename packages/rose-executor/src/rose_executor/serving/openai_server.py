@@ -20,7 +20,7 @@ import uvicorn
 from rose_core.errors import RoseError
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import numpy as np
 from rose_core.messages import TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import QueuedTurn, RolloutMemoryUse
 from rose_executor import metrics
-from rose_executor.warm_trajectories import WarmTrajectories
+from rose_executor.rollout.warm_trajectories import WarmTrajectories
 
 if TYPE_CHECKING:
-    from rose_executor.engine import GenerationOutput, VllmEngine
-    from rose_executor.serving_first_budget import ServingFirstBudget
+    from rose_executor.engine.vllm_engine import GenerationOutput, VllmEngine
+    from rose_executor.memory.serving_first_budget import ServingFirstBudget
 
 log = logging.getLogger(__name__)
 Send = Callable[[msgspec.Struct], None]

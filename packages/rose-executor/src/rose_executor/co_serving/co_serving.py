@@ -13,23 +13,20 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, MemoryPolicyConfig, SloBudgets
+from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, SloBudgets
 from rose_executor import metrics
-from rose_executor.colocated_profile import guard_serving_model
+from rose_executor.co_serving.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
-from rose_executor.latency_profile import EngineProfile
-from rose_executor.model_info import count_parameters, kv_bytes_per_token_of
-from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
+from rose_executor.engine.latency_profile import EngineProfile
+from rose_executor.memory.serving_first_budget import ServingFirstBudget
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
-    from rose_executor.rollout_runner import RolloutRunner
+    from rose_executor.engine.vllm_engine import VllmEngine
+    from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
 def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
@@ -44,26 +41,6 @@ def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
 def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
     return GuardSettings(slo, config.prefill_chunk_tokens, config.admission_margin_ms / 1000, config.hold_margin,
                          config.rollout_capacity)  # fmt: skip
-
-
-def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
-    """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
-    if config.device_memory_bytes <= 0:
-        return None
-    serving = footprint(config.serving_model_dir, config.dtype)
-    rollout = footprint(config.policy_model_dir, config.dtype)
-    policy = MemoryPolicyConfig(
-        device_bytes=config.device_memory_bytes,
-        rollout_weight_bytes=rollout.weight_bytes,
-        headroom_fraction=config.memory_headroom_fraction,
-        high_watermark=config.memory_high_watermark,
-    )
-    return ServingFirstBudget(policy, serving, rollout)
-
-
-def footprint(model_dir: str, dtype: str) -> ModelFootprint:
-    root = Path(model_dir)
-    return ModelFootprint(count_parameters(root) * _DTYPE_BYTES.get(dtype, 2), kv_bytes_per_token_of(root))
 
 
 class CoServing:

@@ -20,11 +20,11 @@ import msgspec
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import TensorEntry, WeightAnnounce, WeightApplied
 from rose_executor import metrics
-from rose_executor.weight_file import flat_file_from_safetensors
+from rose_executor.engine.weight_file import flat_file_from_safetensors
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
-    from rose_executor.rollout_runner import RolloutRunner
+    from rose_executor.engine.vllm_engine import VllmEngine
+    from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 Send = Callable[[msgspec.Struct], None]

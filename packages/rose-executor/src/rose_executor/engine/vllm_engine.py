@@ -20,7 +20,7 @@ from typing import Any, Literal
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import SamplingParams, TensorEntry
 from rose_core.policy import LiveRequest
-from rose_executor.serving_monitor import EngineStatsObserver
+from rose_executor.serving.serving_monitor import EngineStatsObserver
 
 with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm import SamplingParams as VllmSamplingParams
@@ -33,7 +33,7 @@ with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
 
 log = logging.getLogger(__name__)
 Purpose = Literal["serving", "rollout"]
-WORKER_EXTENSION = "rose_executor.worker_extension.RoseWorkerExtension"
+WORKER_EXTENSION = "rose_executor.engine.worker_extension.RoseWorkerExtension"
 _GIB = 1 << 30
 SHUTDOWN_TIMEOUT_S = 20.0
 """How long the engine-core process may take to exit before vLLM kills it (its own default is 5 s)."""

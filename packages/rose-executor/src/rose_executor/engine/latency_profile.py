@@ -27,7 +27,7 @@ from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
 
 if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
 PREFILL_TOKENS = (16, 128, 512)
