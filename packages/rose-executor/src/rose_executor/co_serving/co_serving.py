@@ -11,20 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, SloBudgets
 from rose_executor import metrics
 from rose_executor.co_serving.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
+from rose_executor.engine.clock import WALL_CLOCK, Clock
+from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.latency_profile import EngineProfile
 from rose_executor.memory.serving_first_budget import ServingFirstBudget
-
-if TYPE_CHECKING:
-    from rose_executor.engine.vllm_engine import VllmEngine
-    from rose_executor.rollout.rollout_runner import RolloutRunner
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +53,21 @@ class CoServing:
     def __init__(
         self,
         guard: CoServingGuard,
-        serving: VllmEngine,
-        rollout: VllmEngine,
+        serving: Engine,
+        rollout: Engine,
         runner: RolloutRunner,
         interval_s: float,
         memory: ServingFirstBudget | None = None,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
+        """``clock``: the serving engine's (its ``live_requests`` stamps); ticks read ``now`` from it."""
         self.guard = guard
         self.serving = serving
         self.rollout = rollout
         self.runner = runner
         self.interval_s = interval_s
         self.memory = memory
+        self.clock = clock
         self.headroom = True
         self.paused = False
         self.active = False
@@ -81,7 +81,7 @@ class CoServing:
         cls,
         config: ExecutorConfig,
         profiles: tuple[EngineProfile, EngineProfile],
-        engines: tuple[VllmEngine, VllmEngine],
+        engines: tuple[Engine, Engine],
         runner: RolloutRunner,
         colocated: EngineProfile | None = None,
     ) -> CoServing:
@@ -108,7 +108,7 @@ class CoServing:
         try:
             while True:
                 self._wake.clear()
-                await self.tick(time.monotonic(), updating())
+                await self.tick(self.clock.now(), updating())
                 await self._until_next_tick()
         finally:
             self.serving.remove_activity_listener(self.wake)
@@ -119,7 +119,7 @@ class CoServing:
         its timeout fires can leave the caller hung; a timer that sets the same event cannot.)"""
         if self._wake.is_set():
             return
-        timer = asyncio.get_running_loop().call_later(self.interval_s, self._wake.set)
+        timer = self.clock.call_later(self.interval_s, self._wake.set)
         try:
             await self._wake.wait()
         finally:

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -20,11 +19,9 @@ import numpy as np
 from rose_core.messages import TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import QueuedTurn, RolloutMemoryUse
 from rose_executor import metrics
+from rose_executor.engine.engine_protocol import Engine, GenerationOutput
+from rose_executor.memory.serving_first_budget import ServingFirstBudget
 from rose_executor.rollout.warm_trajectories import WarmTrajectories
-
-if TYPE_CHECKING:
-    from rose_executor.engine.vllm_engine import GenerationOutput, VllmEngine
-    from rose_executor.memory.serving_first_budget import ServingFirstBudget
 
 log = logging.getLogger(__name__)
 Send = Callable[[msgspec.Struct], None]
@@ -52,7 +49,7 @@ class RolloutRunner:
 
     def __init__(
         self,
-        engine: VllmEngine,
+        engine: Engine,
         executor_id: str,
         capacity: int,
         send: Send,

@@ -13,18 +13,16 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import TensorEntry, WeightAnnounce, WeightApplied
 from rose_executor import metrics
+from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.weight_file import flat_file_from_safetensors
-
-if TYPE_CHECKING:
-    from rose_executor.engine.vllm_engine import VllmEngine
-    from rose_executor.rollout.rollout_runner import RolloutRunner
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 Send = Callable[[msgspec.Struct], None]
@@ -37,7 +35,7 @@ class WeightUpdater:
     def __init__(
         self,
         runner: RolloutRunner,
-        engine: VllmEngine,
+        engine: Engine,
         *,
         executor_id: str,
         secret: bytes,
