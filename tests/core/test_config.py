@@ -4,18 +4,19 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.config import RunConfig, dump_config, load_config, parse_config
+from rose_core.config import RunConfig, load_config
+from rose_core.config_support import dump_toml, parse_toml
 from rose_core.errors import ConfigError
 
 
 def test_defaults_round_trip_through_toml(tmp_path: Path) -> None:
     path = tmp_path / "rose.toml"
-    path.write_text(dump_config(RunConfig()))
+    path.write_text(dump_toml(RunConfig()))
     assert load_config(path) == RunConfig()
 
 
 def test_partial_config_overrides_only_what_it_names() -> None:
-    cfg = parse_config(b"[rl]\nsteps = 7\n", RunConfig)
+    cfg = parse_toml(b"[rl]\nsteps = 7\n", RunConfig)
     assert cfg.rl.steps == 7 and cfg.rl.group_size == RunConfig().rl.group_size
 
 
@@ -34,7 +35,7 @@ def test_partial_config_overrides_only_what_it_names() -> None:
 )
 def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(toml, RunConfig, "my.toml")
+        parse_toml(toml, RunConfig, "my.toml")
     text = str(err.value)
     assert needle in text and "my.toml" in text
     assert "\n" not in text

@@ -1,21 +1,25 @@
-"""The controller over real ZMQ sockets, with test peers playing executors (they speak the real protocol)."""
+"""The controller over the in-process control channel (the real serde, wire and auth; no sockets), with
+test peers playing executors (they speak the real protocol). Delivery is synchronous: a peer sends, one
+``pump(0)`` handles it, and what the controller sent back is already in the peer's queue."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pytest
 
 from rose_core import messages as m
-from rose_core.channel import ControlClient
 from rose_core.config import ControllerConfig, RunConfig
+from rose_core.control_endpoint import ClientCallback
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
+from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.scheduler import TurnTicket
 
 SECRET = b"k" * 32
+MsgT = TypeVar("MsgT")
 
 
 class FakeClock:
@@ -34,35 +38,32 @@ def clock() -> FakeClock:
 @pytest.fixture
 def controller(clock: FakeClock) -> Iterator[Controller]:
     cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=2.0, heartbeat_interval_s=1.0))
-    ctl = Controller(cfg, SECRET, clock=clock)
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
     yield ctl
     ctl.close()
 
 
-def pump_until(ctl: Controller, cond: Any, rounds: int = 200) -> None:
-    for _ in range(rounds):
-        if cond():
-            return
-        ctl.pump(0.02)
-    raise AssertionError("condition not reached")
-
-
-def recv_type(client: ControlClient, kind: type, timeout: float = 5.0) -> Any:
+def recv_type(client: InProcessClient, kind: type[MsgT]) -> MsgT:
+    """The first ``kind`` among the messages already delivered to ``client`` (others are skipped)."""
     while True:
-        got = client.recv(timeout)
+        got = client.recv(0)
         assert got is not None, f"no {kind.__name__} arrived"
         if isinstance(got[1], kind):
             return got[1]
 
 
-def join(ctl: Controller, eid: str, role: str = "dedicated", capacity: int = 4) -> ControlClient:
-    client = ControlClient(ctl.address, SECRET, eid)
+def join(ctl: Controller, eid: str, role: m.Role = "dedicated", capacity: int = 4,
+         on_message: ClientCallback | None = None) -> InProcessClient:
+    """A registered executor; with ``on_message`` the test's callback gets what the controller sends."""
+    client = InProcessClient(ctl.address, SECRET, eid, on_message=on_message)
     client.send(m.Hello(peer_id=eid, kind="executor"))
-    pump_until(ctl, lambda: client._inbox.qsize() > 0)
-    assert isinstance(recv_type(client, m.Welcome), m.Welcome)
+    ctl.pump(0)
+    if on_message is None:
+        assert isinstance(recv_type(client, m.Welcome), m.Welcome)
     client.send(m.Register(executor_id=eid, role=role, device="cpu", host="h", models=[], memory_bytes=1,
                            rollout_capacity=capacity, weight_version=0))
-    pump_until(ctl, lambda: eid in ctl.executors)
+    ctl.pump(0)
+    assert eid in ctl.executors
     return client
 
 
@@ -79,9 +80,9 @@ def result(req: m.TurnRequest, eid: str, version: int = 0) -> m.TurnResult:
 
 def test_messages_before_hello_are_rejected(controller: Controller) -> None:
     before = REJECTED_MESSAGES.labels("no_handshake")._value.get()
-    with ControlClient(controller.address, SECRET, "rude") as client:
+    with InProcessClient(controller.address, SECRET, "rude") as client:
         client.send(m.Goodbye(peer_id="rude"))
-        pump_until(controller, lambda: client._inbox.qsize() > 0)
+        controller.pump(0)
         err = recv_type(client, m.ErrorReport)
         assert err.code == "no_handshake"
     assert REJECTED_MESSAGES.labels("no_handshake")._value.get() == before + 1
@@ -92,11 +93,12 @@ def test_turn_routed_result_accepted(controller: Controller) -> None:
     controller.on_result = accepted.append
     with join(controller, "d1") as d1:
         controller.submit_turn(turn(1))
-        pump_until(controller, lambda: d1._inbox.qsize() > 0)
+        controller.pump(0)
         req = recv_type(d1, m.TurnRequest)
         assert req.prompt_token_ids.tolist() == [0, 1, 2, 3, 4]
         d1.send(result(req, "d1"))
-        pump_until(controller, lambda: accepted)
+        controller.pump(0)
+        assert accepted
         assert accepted[0].role == "dedicated" and controller.stats.turns_by_role["dedicated"] == 1
 
 
@@ -105,39 +107,46 @@ def test_abort_reroutes_to_the_other_executor_and_late_result_is_dropped(control
     controller.on_result = accepted.append
     with join(controller, "d1", capacity=1) as d1, join(controller, "d2", capacity=1) as d2:
         controller.submit_turn(turn(1))
-        pump_until(controller, lambda: controller.scheduler.running == 1)
+        controller.pump(0)
+        assert controller.scheduler.running == 1
         first = controller.scheduler.where("t1")
+        assert first is not None
         a = d1 if first == "d1" else d2
         req = recv_type(a, m.TurnRequest)
         a.send(m.TurnAborted(turn_id="t1", trajectory_id=req.trajectory_id, attempt=0, executor_id=first,
                              reason="memory"))
-        pump_until(controller, lambda: controller.stats.reroutes == 1 and controller.scheduler.running == 1)
+        controller.pump(0)
+        assert controller.stats.reroutes == 1 and controller.scheduler.running == 1
         clients = {"d1": d1, "d2": d2}
         second_req = recv_type(clients[controller.scheduler.where("t1") or ""], m.TurnRequest)
         while second_req.attempt == 0:
             second_req = recv_type(clients[controller.scheduler.where("t1") or ""], m.TurnRequest)
         assert second_req.attempt == 1
         a.send(result(req, first))
-        pump_until(controller, lambda: controller.stats.late_results == 1)
+        controller.pump(0)
+        assert controller.stats.late_results == 1
         assert accepted == []
 
 
 def test_stalled_executor_turns_are_rerouted(controller: Controller, clock: FakeClock) -> None:
     with join(controller, "d1", capacity=1) as d1, join(controller, "d2", capacity=1) as d2:
         controller.submit_turn(turn(1))
-        pump_until(controller, lambda: controller.scheduler.running == 1)
+        controller.pump(0)
+        assert controller.scheduler.running == 1
         first = controller.scheduler.where("t1")
+        assert first is not None
         live, live_id = (d2, "d2") if first == "d1" else (d1, "d1")
         clock.now += 3.0
         live.send(m.Heartbeat(executor_id=live_id, seq=1, sent_at=0.0, load=m.LoadReport(weight_version=0)))
-        pump_until(controller, lambda: controller.scheduler.where("t1") == live_id)
+        controller.pump(0)
+        assert controller.scheduler.where("t1") == live_id
         assert controller.executors[first].state == "stalled"
 
 
 def test_observer_receives_status_snapshots(controller: Controller) -> None:
-    with join(controller, "d1"), ControlClient(controller.address, SECRET, "tui") as tui:
+    with join(controller, "d1"), InProcessClient(controller.address, SECRET, "tui") as tui:
         tui.send(m.Hello(peer_id="tui", kind="observer"))
-        pump_until(controller, lambda: tui._inbox.qsize() >= 2)
+        controller.pump(0)
         recv_type(tui, m.Welcome)
         snap = recv_type(tui, m.StatusSnapshot)
         assert [e.executor_id for e in snap.executors] == ["d1"]
@@ -146,24 +155,22 @@ def test_observer_receives_status_snapshots(controller: Controller) -> None:
 def test_goodbye_removes_the_executor_and_reroutes(controller: Controller) -> None:
     with join(controller, "d1") as d1:
         controller.submit_turn(turn(1))
-        pump_until(controller, lambda: controller.scheduler.running == 1)
+        controller.pump(0)
+        assert controller.scheduler.running == 1
         d1.send(m.Goodbye(peer_id="d1", reason="bye"))
-        pump_until(controller, lambda: "d1" not in controller.executors)
+        controller.pump(0)
+        assert "d1" not in controller.executors
         assert len(controller.scheduler.queue) == 1
 
 
 def test_weight_announce_waits_for_every_executor(controller: Controller) -> None:
-    with join(controller, "d1") as d1:
+    def apply(_peer: bytes, msg: m.FromController) -> None:
+        # d1's side, run as the announce arrives: inside the controller's send, before it pumps.
+        if isinstance(msg, m.WeightAnnounce):
+            d1.send(m.WeightApplied(executor_id="d1", version=msg.version, seconds=0.1, bytes_received=123))
+
+    with join(controller, "d1", on_message=apply) as d1:
         ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1")
-        import threading
-
-        def reply() -> None:
-            req = recv_type(d1, m.WeightAnnounce)
-            d1.send(m.WeightApplied(executor_id="d1", version=req.version, seconds=0.1, bytes_received=123))
-
-        t = threading.Thread(target=reply)
-        t.start()
         done = controller.announce_weights(ann, timeout=5)
-        t.join()
         assert done["d1"].bytes_received == 123
         assert controller.scheduler.workers["d1"].weight_version == 1

@@ -55,3 +55,8 @@ def test_python_dash_m() -> None:
 
 def test_stylesheet_ships_as_package_data() -> None:
     assert resources.files("rose_tui").joinpath("rose_tui.tcss").is_file()
+
+
+def test_errors_name_the_program_like_every_rose_cli(no_secret_env: None) -> None:
+    result = CliRunner().invoke(main, ["--connect", "tcp://127.0.0.1:1"])
+    assert result.output.startswith("rose-tui: error: no shared secret")

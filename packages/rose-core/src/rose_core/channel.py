@@ -1,55 +1,53 @@
 """ZMQ transport of the control plane: a bound ROUTER (controller) and connected DEALERs (peers).
 
 Socket I/O runs on one thread per endpoint (ZMQ sockets are single-threaded); callers send from any
-thread through an inproc pipe and receive decoded messages from a queue or a callback. Every rejected
-frame is logged, counted in ``rose_rejected_messages_total{reason}`` and dropped; the endpoint and its
-other peers keep working.
+thread through an inproc pipe and receive decoded messages from a queue or a callback. What arrives is
+opened, and rejected when it must be, by ``rose_core.inbound.Inbound`` (shared with the in-process twin,
+``rose_core.inprocess_channel``): every rejected frame is logged, counted in
+``rose_rejected_messages_total{reason}`` and dropped; the endpoint and its other peers keep working.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import msgspec
 import zmq
 
 from rose_core.auth import Signer
-from rose_core.errors import ProtocolError, RoseError
+from rose_core.control_endpoint import ClientCallback, ServerCallback
+from rose_core.errors import RoseError
+from rose_core.inbound import Inbound
 from rose_core.messages import FromController, ToController
-from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 
 log = logging.getLogger(__name__)
-Callback = Callable[[bytes, Any], None]
+InT = TypeVar("InT")
 _ids = itertools.count()
 
 
-class _Endpoint:
-    """Shared machinery of both ends: the I/O thread, the outbound pipe, rejection handling."""
+class _Endpoint(Inbound[InT]):
+    """Shared machinery of both ends: the I/O thread and the outbound pipe."""
 
     def __init__(
         self,
         sock_type: int,
         secret: bytes,
         decode_type: Any,
-        on_message: Callback | None,
+        on_message: Callable[[bytes, InT], None] | None,
         max_message_bytes: int,
     ) -> None:
+        signer = Signer(secret)
+        super().__init__(Framer(signer, decode_type, max_message_bytes), on_message)  # opened on the I/O thread
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(sock_type)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._signer = Signer(secret)
-        self._decode_type = decode_type
-        self._max = max_message_bytes
-        self._send_framer = Framer(self._signer, decode_type, max_message_bytes)
-        self._inbox: queue.Queue[tuple[bytes, Any]] = queue.Queue()
-        self._on_message = on_message
+        self._send_framer = Framer(signer, decode_type, max_message_bytes)
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe_addr)
@@ -59,10 +57,8 @@ class _Endpoint:
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._notified: set[tuple[bytes, str]] = set()
         self._queued = 0
         self._forwarded = 0
-        self.rejected = 0
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -84,31 +80,15 @@ class _Endpoint:
         self._sock.close(linger=int(max(0.0, deadline - time.monotonic()) * 1000))
         self._ctx.term()
 
-    def __enter__(self) -> _Endpoint:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---------------------------------------------------------------- receive side
-
-    def recv(self, timeout: float | None = None) -> tuple[bytes, Any] | None:
-        """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds."""
-        try:
-            return self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def _deliver(self, peer: bytes, msg: Any) -> None:
-        if self._on_message is not None:
-            self._on_message(peer, msg)
-        else:
-            self._inbox.put((peer, msg))
-
     # ---------------------------------------------------------------- the I/O thread
 
     def _run(self) -> None:
-        framer = Framer(self._signer, self._decode_type, self._max)
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
@@ -117,7 +97,7 @@ class _Endpoint:
             if self._pull in events:
                 self._flush_outbound()
             if self._sock in events:
-                self._drain_inbound(framer)
+                self._drain_inbound()
 
     def _flush_outbound(self) -> None:
         for _ in range(1024):
@@ -132,28 +112,14 @@ class _Endpoint:
             finally:
                 self._forwarded += 1
 
-    def _drain_inbound(self, framer: Framer) -> None:
+    def _drain_inbound(self) -> None:
         for _ in range(1024):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             peer, body = self._split(frames)
-            try:
-                msg = framer.open([f.buffer for f in body])
-            except ProtocolError as exc:
-                self._reject(peer, exc, framer)
-                continue
-            self._deliver(peer, msg)
-
-    def _reject(self, peer: bytes, exc: ProtocolError, framer: Framer) -> None:
-        self.rejected += 1
-        REJECTED_MESSAGES.labels(exc.reason).inc()
-        if self.rejected <= 20 or self.rejected % 1000 == 0:
-            log.warning("rejected a message from %r (%s): %s", peer[:32], exc.reason, exc)
-        if exc.reason in ("unauthenticated", "wrong_version") and (peer, exc.reason) not in self._notified:
-            self._notified.add((peer, exc.reason))
-            self._send_raw(peer, framer.notice(exc.reason, str(exc)))
+            self._receive(peer, [f.buffer for f in body])
 
     def _send_raw(self, peer: bytes, frames: list[Any]) -> None:
         try:
@@ -176,14 +142,14 @@ class _Endpoint:
         raise NotImplementedError
 
 
-class ControlServer(_Endpoint):
+class ControlServer(_Endpoint[ToController]):
     """The controller's bound ROUTER socket. Peers are identified by their routing id."""
 
     def __init__(
         self,
         address: str,
         secret: bytes,
-        on_message: Callback | None = None,
+        on_message: ServerCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes)
@@ -199,7 +165,7 @@ class ControlServer(_Endpoint):
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.start()
 
-    def send(self, peer: bytes, msg: msgspec.Struct) -> None:
+    def send(self, peer: bytes, msg: FromController) -> None:
         self._send(peer, msg)
 
     def _split(self, frames: list[Any]) -> tuple[bytes, list[Any]]:
@@ -209,7 +175,7 @@ class ControlServer(_Endpoint):
         return [peer, *frames]
 
 
-class ControlClient(_Endpoint):
+class ControlClient(_Endpoint[FromController]):
     """A peer's DEALER socket connected to the controller."""
 
     def __init__(
@@ -217,7 +183,7 @@ class ControlClient(_Endpoint):
         address: str,
         secret: bytes,
         peer_id: str,
-        on_message: Callback | None = None,
+        on_message: ClientCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         super().__init__(zmq.DEALER, secret, FromController, on_message, max_message_bytes)

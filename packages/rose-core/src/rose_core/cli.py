@@ -3,40 +3,34 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
 
 from rose_core import __version__
-from rose_core.config import RunConfig, dump_config, load_config
-from rose_core.errors import RoseError, require_extra
+from rose_core.cli_support import RoseGroup, setup_logging
+from rose_core.config import RunConfig, load_config
+from rose_core.config_support import dump_toml
+from rose_core.errors import require_extra
 from rose_core.messages import StepStatus
 
+if TYPE_CHECKING:
+    from rose_core.run.rl_job import StepReport
+    from rose_core.sim.scenario_run import Progress
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"rose: error: {message}", err=True)
-    sys.exit(code)
-
-
-class _RoseGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except RoseError as exc:
-            _fail(str(exc))
+PROGRAM = "rose"
 
 
-@click.group(cls=_RoseGroup)
-@click.version_option(__version__, prog_name="rose")
+@click.group(cls=RoseGroup, program=PROGRAM)
+@click.version_option(__version__, prog_name=PROGRAM)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """ROSE: agentic RL rollouts on the idle capacity of a serving fleet, without breaking its SLOs."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
 
 
 @main.command()
@@ -78,7 +72,7 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
     progress = _progress_printer(live)
     printed_header = [False]
 
-    def on_step(step: Any) -> None:
+    def on_step(step: StepReport) -> None:
         if as_json:
             return
         table = format_table([step]).splitlines()
@@ -105,7 +99,7 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
     sys.exit(0 if report.ok else 1)
 
 
-def _progress_printer(enabled: bool) -> Any:
+def _progress_printer(enabled: bool) -> Callable[[StepStatus], None]:
     def show(status: StepStatus) -> None:
         if enabled:
             line = (f"step {status.step} [{status.phase}] v{status.weight_version}  trajectories "
@@ -172,7 +166,7 @@ def _require_matplotlib() -> None:
         import matplotlib  # noqa: F401
 
 
-def _sim_progress(enabled: bool) -> Any:
+def _sim_progress(enabled: bool) -> Progress | None:
     if not enabled:
         return None
 
@@ -192,7 +186,7 @@ def config() -> None:
 def config_show(config_path: str | None, as_json: bool) -> None:
     """Print every setting with its value (defaults unless --config)."""
     cfg = load_config(config_path) if config_path else RunConfig()
-    click.echo(msgspec.json.format(msgspec.json.encode(cfg)).decode() if as_json else dump_config(cfg))
+    click.echo(msgspec.json.format(msgspec.json.encode(cfg)).decode() if as_json else dump_toml(cfg))
 
 
 if __name__ == "__main__":

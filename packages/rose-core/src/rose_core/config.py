@@ -1,48 +1,47 @@
 """Configuration of a ROSE job: msgspec Structs decoded from TOML with errors that name the field.
 
-Every default is visible with `rose config show`. Validation raises ``ValueError`` in ``__post_init__``;
-msgspec turns that into an error that carries the field's path, and ``load_config`` turns it into one
-line for the user.
+Every default is visible with `rose config show`. Validation raises ``ValueError`` in ``__post_init__``
+(the validators of ``rose_core.config_support``); msgspec turns that into an error that carries the field's
+path, and ``load_config`` (``config_support.load_toml``) turns it into one line for the user.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, TypeVar
 
 import msgspec
 
-from rose_core.errors import ConfigError
+from rose_core.config_support import (
+    ConfigSection,
+    load_toml,
+    parse_toml,
+    require_fraction,
+    require_non_negative,
+    require_port,
+    require_positive,
+)
 
-T = TypeVar("T")
+__all__ = [
+    "ConfigSection",
+    "ControllerConfig",
+    "ExecutorsConfig",
+    "LoadConfig",
+    "RLConfig",
+    "RunConfig",
+    "SchedulerConfig",
+    "SloConfig",
+    "load_config",
+    "parse_config",
+    "require_fraction",
+    "require_positive",
+]
+
+parse_config = parse_toml
+"""The former name of ``rose_core.config_support.parse_toml`` (``rose_core.sim`` and ``rose_executor`` still
+import it from here); new code imports ``config_support``."""
 
 
-class ConfigSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Base of every TOML config section: keyword-only, unknown fields rejected."""
-
-
-_Section = ConfigSection
-
-
-def require_positive(**values: float) -> None:
-    """``ValueError`` naming the first value that is not > 0 (msgspec adds the field's path)."""
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"`{name}` must be > 0 (got {value})")
-
-
-def require_fraction(**values: float) -> None:
-    """``ValueError`` naming the first value outside (0, 1]."""
-    for name, value in values.items():
-        if not 0 < value <= 1:
-            raise ValueError(f"`{name}` must be in (0, 1] (got {value})")
-
-
-_positive = require_positive
-
-
-class ControllerConfig(_Section):
+class ControllerConfig(ConfigSection):
     host: str = "127.0.0.1"
     port: int = 0
     """Control port; 0 picks a free one."""
@@ -52,14 +51,13 @@ class ControllerConfig(_Section):
     status_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
-        _positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s)
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"`port` must be in 0..65535 (got {self.port})")
+        require_positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s)
+        require_port(port=self.port)
         if self.stall_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("`stall_timeout_s` must exceed `heartbeat_interval_s`")
 
 
-class SchedulerConfig(_Section):
+class SchedulerConfig(ConfigSection):
     max_concurrency_per_worker: int = 16
     max_borrowed_workers: int = 16
     staleness: int = 0
@@ -67,24 +65,22 @@ class SchedulerConfig(_Section):
     queue_scan_limit: int = 256
 
     def __post_init__(self) -> None:
-        _positive(max_concurrency_per_worker=self.max_concurrency_per_worker, queue_scan_limit=self.queue_scan_limit)
-        if self.staleness < 0 or self.max_borrowed_workers < 0:
-            raise ValueError("`staleness` and `max_borrowed_workers` must be >= 0")
+        require_positive(max_concurrency_per_worker=self.max_concurrency_per_worker, queue_scan_limit=self.queue_scan_limit)
+        require_non_negative(staleness=self.staleness, max_borrowed_workers=self.max_borrowed_workers)
 
 
-class SloConfig(_Section):
+class SloConfig(ConfigSection):
     ttft_ms: float = 2000.0
     tpot_ms: float = 400.0
     headroom_fraction: float = 0.8
     """A serving executor lends capacity only while its p99s stay under this fraction of the SLO."""
 
     def __post_init__(self) -> None:
-        _positive(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms)
-        if not 0 < self.headroom_fraction <= 1:
-            raise ValueError("`headroom_fraction` must be in (0, 1]")
+        require_positive(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms)
+        require_fraction(headroom_fraction=self.headroom_fraction)
 
 
-class RLConfig(_Section):
+class RLConfig(ConfigSection):
     steps: int = 3
     prompts_per_step: int = 3
     group_size: int = 4
@@ -101,7 +97,7 @@ class RLConfig(_Section):
     weight_sync_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        _positive(
+        require_positive(
             steps=self.steps,
             prompts_per_step=self.prompts_per_step,
             group_size=self.group_size,
@@ -114,7 +110,7 @@ class RLConfig(_Section):
             raise ValueError("`group_size` must be >= 2 (GRPO normalises rewards within a group)")
 
 
-class LoadConfig(_Section):
+class LoadConfig(ConfigSection):
     """The built-in bursty production traffic against the serving endpoint."""
 
     enabled: bool = True
@@ -128,10 +124,10 @@ class LoadConfig(_Section):
     seed: int = 1
 
     def __post_init__(self) -> None:
-        _positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight)
+        require_positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight)
 
 
-class ExecutorsConfig(_Section):
+class ExecutorsConfig(ConfigSection):
     """The executors `rose run` starts on this machine."""
 
     dedicated: int = 1
@@ -144,10 +140,10 @@ class ExecutorsConfig(_Section):
     def __post_init__(self) -> None:
         if self.dedicated < 0 or self.serving < 0 or self.dedicated + self.serving == 0:
             raise ValueError("need at least one executor (`dedicated` + `serving` >= 1)")
-        _positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity)
+        require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity)
 
 
-class RunConfig(_Section):
+class RunConfig(ConfigSection):
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
     slo: SloConfig = msgspec.field(default_factory=SloConfig)
@@ -163,35 +159,3 @@ class RunConfig(_Section):
 def load_config(path: str | os.PathLike[str] | None) -> RunConfig:
     """The job config in ``path`` (TOML) over the defaults; ``None`` gives the defaults."""
     return RunConfig() if path is None else load_toml(path, RunConfig)
-
-
-def load_toml(path: str | os.PathLike[str], type_: type[T]) -> T:
-    """Any config Struct from a TOML file, with one-line errors naming the field."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    return parse_config(data, type_, str(path))
-
-
-def parse_config(
-    data: bytes | str, type_: type[T], source: str = "config", hint: str = "`rose config show` lists every field"
-) -> T:
-    """Decode TOML into ``type_``; any problem is a one-line ``ConfigError`` naming the field (and ``hint``)."""
-    try:
-        return msgspec.toml.decode(data, type=type_)
-    except msgspec.ValidationError as exc:
-        suffix = f"; {hint}" if hint else ""
-        raise ConfigError(f"{source}: {_humanize(str(exc))}{suffix}") from exc
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
-
-
-def _humanize(message: str) -> str:
-    text, _, where = message.partition(" - at `$")
-    field = where.rstrip("`").lstrip(".")
-    return f"field `{field}`: {text}" if field else text
-
-
-def dump_config(config: Any) -> str:
-    return msgspec.toml.encode(config).decode()

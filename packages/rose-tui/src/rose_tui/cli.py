@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from rose_core.auth import load_secret
-from rose_core.errors import RoseError
+from rose_core.cli_support import RoseCommand
 from rose_tui import __version__
 
-EXIT_USAGE = 2
+PROGRAM = "rose-tui"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=RoseCommand, program=PROGRAM, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--connect",
     "address",
@@ -34,15 +32,11 @@ EXIT_USAGE = 2
     show_default=True,
     help="Seconds without a status before the controller is shown as unreachable.",
 )
-@click.version_option(__version__, prog_name="rose-tui")
+@click.version_option(__version__, prog_name=PROGRAM)
 def main(address: str, secret_file: str | None, stall_after: float) -> None:
     """Live dashboard of a ROSE controller: executors, the RL step, serving latency against the SLO."""
     from rose_tui.app import RoseTui
     from rose_tui.status_feed import StatusFeed
 
-    try:
-        feed = StatusFeed(address, load_secret(secret_file))
-    except RoseError as exc:
-        click.echo(f"rose-tui: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+    feed = StatusFeed(address, load_secret(secret_file))
     RoseTui(feed, stall_after_s=stall_after).run()

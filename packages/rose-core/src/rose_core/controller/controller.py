@@ -11,15 +11,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Never
+
+import numpy as np
 
 from rose_core.channel import ControlServer
 from rose_core.config import RunConfig
+from rose_core.control_endpoint import ServerEndpoint
 from rose_core.controller import controller_metrics as metrics
 from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.messages import (
     PROTOCOL_VERSION,
     ErrorReport,
+    FromController,
     Goodbye,
     Heartbeat,
     Hello,
@@ -28,6 +32,7 @@ from rose_core.messages import (
     Shutdown,
     StatusSnapshot,
     StepStatus,
+    ToController,
     TurnAborted,
     TurnRequest,
     TurnResult,
@@ -44,7 +49,7 @@ Clock = Callable[[], float]
 
 @dataclass(slots=True)
 class TurnPayload:
-    prompt_token_ids: Any
+    prompt_token_ids: np.ndarray
     sampling: SamplingParams
     step: int
 
@@ -64,12 +69,17 @@ class ControllerStats:
 
 
 class Controller:
+    """``server``: the control endpoint to serve on (tests pass an ``InProcessServer``); by default a ZMQ
+    ``ControlServer`` bound to ``controller.host:port`` and keyed with ``secret``."""
+
     def __init__(
         self,
         config: RunConfig,
         secret: bytes,
         controller_id: str = "controller",
         clock: Clock = time.monotonic,
+        *,
+        server: ServerEndpoint | None = None,
     ) -> None:
         self.config = config
         self.controller_id = controller_id
@@ -87,7 +97,7 @@ class Controller:
         self._next_status = 0.0
         self.started_at = time.time()
         cc = config.controller
-        self.server = ControlServer(f"tcp://{cc.host}:{cc.port}", secret)
+        self.server: ServerEndpoint = ControlServer(f"tcp://{cc.host}:{cc.port}", secret) if server is None else server
         self.address = self.server.address
 
     # ---------------------------------------------------------------- driving
@@ -150,7 +160,7 @@ class Controller:
         metrics.WEIGHT_SYNC_BYTES.inc(total)
         return done
 
-    def broadcast(self, msg: Any) -> None:
+    def broadcast(self, msg: FromController) -> None:
         for rec in self.executors.values():
             self.server.send(rec.peer, msg)
 
@@ -189,7 +199,7 @@ class Controller:
 
     # ---------------------------------------------------------------- message handling
 
-    def _handle(self, peer: bytes, msg: Any) -> None:
+    def _handle(self, peer: bytes, msg: ToController) -> None:
         if isinstance(msg, Hello):
             self._on_hello(peer, msg)
             return
@@ -201,11 +211,22 @@ class Controller:
             log.warning("rejected %s from %r: no handshake", type(msg).__name__, peer)
             self.server.send(peer, ErrorReport(code="no_handshake", message="send Hello before anything else"))
             return
-        handler = _HANDLERS.get(type(msg))
-        if handler is None:
-            log.warning("ignored %s from %r: not for the controller", type(msg).__name__, peer)
-            return
-        handler(self, peer, msg)
+        match msg:  # mypy checks that every member of ToController has a case (a new one fails at `unhandled`)
+            case Register():
+                self._on_register(peer, msg)
+            case Heartbeat():
+                self._on_heartbeat(peer, msg)
+            case TurnResult():
+                self._on_turn_result(peer, msg)
+            case TurnAborted():
+                self._on_turn_aborted(peer, msg)
+            case WeightApplied():
+                self._on_weight_applied(peer, msg)
+            case Goodbye():
+                self._on_goodbye(peer, msg)
+            case _:
+                unhandled: Never = msg
+                log.warning("ignored %s from %r: not for the controller", type(unhandled).__name__, peer)
 
     def _on_hello(self, peer: bytes, msg: Hello) -> None:
         if msg.protocol_version != PROTOCOL_VERSION:
@@ -315,12 +336,3 @@ class Controller:
         for rec in self.executors.values():
             metrics.EXECUTORS.labels(rec.role, rec.state).inc()
 
-
-_HANDLERS: dict[type, Callable[[Controller, bytes, Any], None]] = {
-    Register: Controller._on_register,
-    Heartbeat: Controller._on_heartbeat,
-    TurnResult: Controller._on_turn_result,
-    TurnAborted: Controller._on_turn_aborted,
-    WeightApplied: Controller._on_weight_applied,
-    Goodbye: Controller._on_goodbye,
-}

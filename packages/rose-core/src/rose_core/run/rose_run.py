@@ -29,7 +29,7 @@ from rose_core.messages import StepStatus
 from rose_core.metrics import serve_metrics
 from rose_core.run.child_processes import ChildProcesses
 from rose_core.run.load_generator import LoadGenerator
-from rose_core.run.rl_job import RLJob
+from rose_core.run.rl_job import RLJob, StepReport
 from rose_core.run.run_report import RunReport
 from rose_core.weights import WeightPublisher, load_publisher
 
@@ -182,7 +182,7 @@ class Launch:
 
 
 def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | None = None,
-        on_step: Callable[[Any], None] | None = None, *, spawn: bool = True,
+        on_step: Callable[[StepReport], None] | None = None, *, spawn: bool = True,
         secret_file: str | None = None) -> RunReport:
     """Run the job; always returns a report (with ``error`` set if it stopped early).
 

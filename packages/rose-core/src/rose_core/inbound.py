@@ -1,0 +1,76 @@
+"""The receiving half every control endpoint shares, over ZMQ (``channel``) or in one process
+(``inprocess_channel``): open each arrived message with a ``Framer`` (size, envelope, version, signature,
+decoding), reject what fails, and hand the rest to a callback or to the queue ``recv`` reads.
+
+A rejected message is logged (rate-limited), counted in ``rose_rejected_messages_total{reason}`` and in
+``rejected``, and dropped; a peer that failed authentication or the version check gets one unsigned notice
+naming the fix. The endpoint and its other peers keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from rose_core.errors import ProtocolError
+from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.wire import Framer
+
+log = logging.getLogger(__name__)
+InT = TypeVar("InT")
+NOTIFIED_REASONS = ("unauthenticated", "wrong_version")
+"""Rejections the peer is told about (once per peer and reason): it cannot fix what it is not told."""
+
+
+class Inbound(Generic[InT]):
+    """Opens and delivers arrived messages of type ``InT`` (the channel's union); subclasses move the bytes.
+
+    ``_receive`` is called by whoever plays the I/O thread; ``_send_raw`` is how a notice goes back."""
+
+    def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None) -> None:
+        self._framer = framer
+        self._on_message = on_message
+        self._inbox: queue.Queue[tuple[bytes, InT]] = queue.Queue()
+        self._notified: set[tuple[bytes, str]] = set()
+        self.rejected = 0
+
+    def recv(self, timeout: float | None = None) -> tuple[bytes, InT] | None:
+        """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds (never, with a callback)."""
+        try:
+            return self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _receive(self, peer: bytes, frames: Sequence[Any]) -> None:
+        msg = self._open(peer, frames)
+        if msg is not None:
+            self._deliver(peer, msg)
+
+    def _open(self, peer: bytes, frames: Sequence[Any]) -> InT | None:
+        """The decoded message, or ``None`` when it was rejected."""
+        try:
+            msg: InT = self._framer.open(frames)
+        except ProtocolError as exc:
+            self._reject(peer, exc)
+            return None
+        return msg
+
+    def _deliver(self, peer: bytes, msg: InT) -> None:
+        if self._on_message is not None:
+            self._on_message(peer, msg)
+        else:
+            self._inbox.put((peer, msg))
+
+    def _reject(self, peer: bytes, exc: ProtocolError) -> None:
+        self.rejected += 1
+        REJECTED_MESSAGES.labels(exc.reason).inc()
+        if self.rejected <= 20 or self.rejected % 1000 == 0:
+            log.warning("rejected a message from %r (%s): %s", peer[:32], exc.reason, exc)
+        if exc.reason in NOTIFIED_REASONS and (peer, exc.reason) not in self._notified:
+            self._notified.add((peer, exc.reason))
+            self._send_raw(peer, self._framer.notice(exc.reason, str(exc)))
+
+    def _send_raw(self, peer: bytes, frames: list[Any]) -> None:
+        raise NotImplementedError
