@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import assert_never
 
 import psutil
 
@@ -22,6 +22,7 @@ from rose_core.errors import RoseError
 from rose_core.messages import (
     CancelTurn,
     ErrorReport,
+    FromController,
     Goodbye,
     Heartbeat,
     Hello,
@@ -31,6 +32,7 @@ from rose_core.messages import (
     Shutdown,
     StatusSnapshot,
     StepStarted,
+    ToController,
     TurnRequest,
     WeightAnnounce,
     Welcome,
@@ -269,25 +271,28 @@ class ExecutorAgent:
             if msg is not None:
                 self._handle(msg)
 
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: FromController) -> None:
         runner, updater = self._runner, self._updater
         if runner is None or updater is None:
             return
-        if isinstance(msg, TurnRequest):
-            runner.submit(msg)
-        elif isinstance(msg, CancelTurn):
-            runner.cancel(msg.turn_id, msg.attempt)
-        elif isinstance(msg, WeightAnnounce):
-            updater.announce(msg)
-        elif isinstance(msg, StepStarted):
-            if self._co_serving is not None:
-                self._co_serving.on_step(msg.step)
-        elif isinstance(msg, Shutdown):
-            self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
-        elif isinstance(msg, ErrorReport):
-            log.warning("controller reports %s: %s", msg.code, msg.message)
-        elif not isinstance(msg, (Welcome, StatusSnapshot)):
-            log.debug("ignoring %s", type(msg).__name__)
+        match msg:
+            case TurnRequest():
+                runner.submit(msg)
+            case CancelTurn():
+                runner.cancel(msg.turn_id, msg.attempt)
+            case WeightAnnounce():
+                updater.announce(msg)
+            case StepStarted():
+                if self._co_serving is not None:
+                    self._co_serving.on_step(msg.step)
+            case Shutdown():
+                self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
+            case ErrorReport():
+                log.warning("controller reports %s: %s", msg.code, msg.message)
+            case Welcome() | StatusSnapshot():
+                pass
+            case _:
+                assert_never(msg)
 
     def load_report(self) -> LoadReport:
         runner = self._runner
@@ -320,7 +325,7 @@ class ExecutorAgent:
             return "held"
         return "ready"
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: ToController) -> None:
         if self._link is not None:
             self._link.send(msg)
 
