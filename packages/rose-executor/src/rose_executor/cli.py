@@ -64,7 +64,7 @@ def agent_options(required: bool) -> Callable[[F], F]:
 )
 @agent_options(required=False)
 @click.pass_context
-def cli(ctx: click.Context, **agent: Any) -> None:
+def cli(ctx: click.Context, /, **agent: Any) -> None:
     """Run the ROSE executor on this host until the controller or a signal stops it.
 
     `rose-executor bench --help`: the co-serving benchmark."""
