@@ -18,6 +18,7 @@ from typing import assert_never
 
 import psutil
 
+from rose_core.channel import ControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
     CancelTurn,
@@ -41,7 +42,7 @@ from rose_executor import __version__
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
 from rose_executor.config import ExecutorConfig
-from rose_executor.controller_link import ControllerLink
+from rose_executor.controller_link import ClientFactory, ControllerLink
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
@@ -71,12 +72,20 @@ class AgentOptions:
 class ExecutorAgent:
     """Runs until told to stop; ``run`` returns the process exit code, or raises ``RoseError`` at start-up."""
 
-    def __init__(self, config: ExecutorConfig, options: AgentOptions, launcher: EngineLauncher | None = None) -> None:
-        """``launcher`` starts the engines: vLLM's by default, ``FakeEngineLauncher`` in tests."""
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        options: AgentOptions,
+        launcher: EngineLauncher | None = None,
+        connect: ClientFactory = ControlClient,
+    ) -> None:
+        """``launcher`` starts the engines and ``connect`` the control channel: vLLM and ZMQ by default,
+        ``FakeEngineLauncher`` and ``InProcessClient`` (the in-process twins) in tests."""
         config.check_role(options.role)
         self.config = config
         self.options = options
         self._launcher = launcher or VllmLauncher()
+        self._connect = connect
         self.exit_code = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
@@ -107,7 +116,7 @@ class ExecutorAgent:
     async def run(self) -> int:
         self._install_signal_handlers()
         try:
-            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id)
+            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id, self._connect)
             welcome = await self._handshake(self._link)
             self._welcomed = True
             self._heartbeat_s = welcome.heartbeat_interval_s

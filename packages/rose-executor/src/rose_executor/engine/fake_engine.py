@@ -120,7 +120,7 @@ class FakeEngine:
                 self._finish(request, "abort")
 
     async def pause(self, *, keep_requests: bool = False, clear_cache: bool = False) -> None:
-        self.calls.append(f"pause(keep={keep_requests})" + (", clear_cache=True" if clear_cache else ""))
+        self.calls.append(f"pause(keep={keep_requests}" + (", clear_cache=True)" if clear_cache else ")"))
         self._paused = True
         if not keep_requests:
             await self.abort(list(self._requests))
