@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Callable
 
-from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, SloBudgets
+from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
 from rose_executor import metrics
 from rose_executor.co_serving.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
@@ -125,8 +125,12 @@ class CoServing:
         finally:
             timer.cancel()
 
+    def serving_requests(self) -> list[LiveRequest]:
+        """The serving engine's production requests in flight (not the executor's own ``rose-`` probes)."""
+        return [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+
     async def tick(self, now: float, updating: bool = False) -> GuardVerdict:
-        serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+        serving = self.serving_requests()
         if self.memory is not None:
             decision = self.memory.observe(now, serving, self.runner.memory_uses())
             if decision.abort:
@@ -168,5 +172,4 @@ class CoServing:
 
     def on_step(self, step: int) -> None:
         if self.memory is not None:
-            serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
-            self.memory.on_step(step, serving)
+            self.memory.on_step(step, self.serving_requests())
