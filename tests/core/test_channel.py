@@ -8,23 +8,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
+from control_frames import BAD_FRAMES, GARBAGE, OTHER, SECRET, hello, rejected, sealed, sealed_hello
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rose_core import messages as m
 from rose_core.auth import Signer
 from rose_core.channel import ControlClient, ControlServer
 from rose_core.errors import RoseError
-from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.serde import Encoder
 from rose_core.wire import MAGIC, Framer, envelope
-
-SECRET = b"s" * 32
-OTHER = b"o" * 32
-
-
-def rejected(reason: str) -> float:
-    return REJECTED_MESSAGES.labels(reason)._value.get()
 
 
 @pytest.fixture
@@ -43,10 +35,6 @@ def raw(server: ControlServer) -> Iterator[zmq.Socket[bytes]]:
     yield sock
     sock.close(0)
     ctx.term()
-
-
-def hello(peer: str = "e1") -> m.Hello:
-    return m.Hello(peer_id=peer, kind="executor")
 
 
 def test_messages_flow_both_ways_with_bulk_frames(server: ControlServer) -> None:
@@ -77,37 +65,23 @@ def test_wrong_secret_is_rejected_counted_and_told(server: ControlServer) -> Non
     assert server.recv(0.2) is None
 
 
-def _sealed(header: bytes, secret: bytes = SECRET, version: int = 1) -> list[bytes]:
-    env = envelope(version=version)
-    return [env, Signer(secret).sign([env, header]), header]
-
-
 def test_wrong_version_is_rejected_with_the_fix(server: ControlServer, raw: zmq.Socket[bytes]) -> None:
     before = rejected("wrong_version")
     header = Encoder().encode(hello())[0]
-    raw.send_multipart(_sealed(header, version=99))
+    raw.send_multipart(sealed(header, version=99))
     assert raw.poll(5000)
     notice = Framer(Signer(SECRET), m.FromController).open(raw.recv_multipart())
     assert notice.code == "wrong_version" and "protocol 99" in notice.message
     assert rejected("wrong_version") == before + 1
 
 
-@pytest.mark.parametrize(
-    ("frames", "reason"),
-    [
-        ([b"hello"], "malformed"),
-        ([b"XXXX\x00\x01\x00", bytes(32), b"\x80"], "malformed"),
-        (_sealed(b"\xc1"), "malformed"),
-        (_sealed(Encoder().encode(m.Shutdown())[0]), "unknown_type"),  # not a message a controller receives
-        (_sealed(b'\x81\xa4type\xa4nope'), "unknown_type"),
-    ],
-)
+@pytest.mark.parametrize(("frames", "reason"), BAD_FRAMES)
 def test_bad_frames_are_rejected_and_the_server_keeps_working(
     server: ControlServer, raw: zmq.Socket[bytes], frames: list[bytes], reason: str
 ) -> None:
     before = rejected(reason)
     raw.send_multipart(frames)
-    raw.send_multipart(_sealed(Encoder().encode(hello("after"))[0]))
+    raw.send_multipart(sealed_hello("after"))
     got = server.recv(5)
     assert got is not None and got[1] == hello("after")
     assert rejected(reason) == before + 1
@@ -130,7 +104,7 @@ def test_busy_port_is_one_clear_error(server: ControlServer) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=5), min_size=1, max_size=8))
+@given(GARBAGE)
 def test_a_stream_of_garbage_never_stops_the_server(garbage: list[list[bytes]]) -> None:
     with ControlServer("tcp://127.0.0.1:0", SECRET) as srv:
         ctx = zmq.Context()
@@ -140,7 +114,7 @@ def test_a_stream_of_garbage_never_stops_the_server(garbage: list[list[bytes]]) 
         try:
             for frames in garbage:
                 sock.send_multipart(frames)
-            sock.send_multipart(_sealed(Encoder().encode(hello("alive"))[0]))
+            sock.send_multipart(sealed_hello("alive"))
             got = srv.recv(5)
             while got is not None and isinstance(got[1], m.ErrorReport):
                 got = srv.recv(5)

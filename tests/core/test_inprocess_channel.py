@@ -8,24 +8,16 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zmq
+from control_frames import BAD_FRAMES, GARBAGE, OTHER, SECRET, hello, rejected, sealed, sealed_hello
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rose_core import messages as m
 from rose_core.auth import Signer
 from rose_core.channel import ControlServer
 from rose_core.errors import RoseError
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
-from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.serde import Encoder
-from rose_core.wire import Framer, envelope
-
-SECRET = b"s" * 32
-OTHER = b"o" * 32
-
-
-def rejected(reason: str) -> float:
-    return float(REJECTED_MESSAGES.labels(reason)._value.get())
+from rose_core.wire import Framer
 
 
 @pytest.fixture
@@ -33,15 +25,6 @@ def server() -> Iterator[InProcessServer]:
     srv = InProcessServer(SECRET)
     yield srv
     srv.close()
-
-
-def hello(peer: str = "e1") -> m.Hello:
-    return m.Hello(peer_id=peer, kind="executor")
-
-
-def _sealed(header: bytes, secret: bytes = SECRET, version: int = 1) -> list[bytes]:
-    env = envelope(version=version)
-    return [env, Signer(secret).sign([env, header]), header]
 
 
 def _turn_request(tokens: np.ndarray) -> m.TurnRequest:
@@ -102,20 +85,11 @@ def test_wrong_secret_is_rejected_counted_and_told_once(server: InProcessServer)
 def test_wrong_version_is_rejected_with_the_fix(server: InProcessServer) -> None:
     before = rejected("wrong_version")
     with InProcessClient(server.address, SECRET, "old") as client:
-        client.send_frames(_sealed(Encoder().encode(hello())[0], version=99))
+        client.send_frames(sealed(Encoder().encode(hello())[0], version=99))
         notice = client.recv(0)
         assert notice is not None and isinstance(notice[1], m.ErrorReport)
         assert notice[1].code == "wrong_version" and "protocol 99" in notice[1].message
     assert rejected("wrong_version") == before + 1
-
-
-BAD_FRAMES = [
-    ([b"hello"], "malformed"),
-    ([b"XXXX\x00\x01\x00", bytes(32), b"\x80"], "malformed"),
-    (_sealed(b"\xc1"), "malformed"),
-    (_sealed(Encoder().encode(m.Shutdown())[0]), "unknown_type"),  # not a message a controller receives
-    (_sealed(b'\x81\xa4type\xa4nope'), "unknown_type"),
-]
 
 
 @pytest.mark.parametrize(("frames", "reason"), BAD_FRAMES)
@@ -125,7 +99,7 @@ def test_bad_frames_are_rejected_and_the_server_keeps_working(
     before = rejected(reason)
     with InProcessClient(server.address, SECRET, "raw") as client:
         client.send_frames(frames)
-        client.send_frames(_sealed(Encoder().encode(hello("after"))[0]))
+        client.send_frames(sealed_hello("after"))
     assert server.recv(0) == (b"raw", hello("after"))
     assert rejected(reason) == before + 1
 
@@ -153,7 +127,7 @@ def test_a_tampered_frame_is_rejected_and_counted_as_over_zmq(index: int) -> Non
         raw.connect(zmq_server.address)
         try:
             raw.send_multipart(frames)
-            raw.send_multipart(_sealed(Encoder().encode(hello("e"))[0]))
+            raw.send_multipart(sealed_hello("e"))
             assert zmq_server.recv(5) == (b"e", hello("e"))
         finally:
             raw.close(0)
@@ -206,12 +180,12 @@ def test_a_second_client_with_the_same_id_takes_over(server: InProcessServer) ->
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=5), min_size=1, max_size=8))
+@given(GARBAGE)
 def test_a_stream_of_garbage_never_stops_the_server(garbage: list[list[bytes]]) -> None:
     with InProcessServer(SECRET) as srv, InProcessClient(srv.address, SECRET, "raw") as client:
         for frames in garbage:
             client.send_frames(frames)
-        client.send_frames(_sealed(Encoder().encode(hello("alive"))[0]))
+        client.send_frames(sealed_hello("alive"))
         got = srv.recv(0)
         while got is not None and isinstance(got[1], m.ErrorReport):
             got = srv.recv(0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -27,33 +26,22 @@ def fail(program: str, message: str, code: int = EXIT_USAGE) -> NoReturn:
     sys.exit(code)
 
 
-def _reporting_errors(program: str, invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
-    try:
-        return invoke(ctx)
-    except RoseError as exc:
-        fail(program, str(exc))
-
-
-class RoseGroup(click.Group):
-    """A click group (and every subcommand under it) whose ``RoseError``s end as one line and exit 2."""
-
-    def __init__(self, *args: Any, program: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.program = program
-
-    def invoke(self, ctx: click.Context) -> Any:
-        return _reporting_errors(self.program, super().invoke, ctx)
-
-
 class RoseCommand(click.Command):
-    """A single click command whose ``RoseError``s end as one line and exit 2."""
+    """A click command whose ``RoseError``s end as one line ``PROGRAM: error: ...`` and exit 2."""
 
     def __init__(self, *args: Any, program: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.program = program
 
     def invoke(self, ctx: click.Context) -> Any:
-        return _reporting_errors(self.program, super().invoke, ctx)
+        try:
+            return super().invoke(ctx)
+        except RoseError as exc:
+            fail(self.program, str(exc))
+
+
+class RoseGroup(RoseCommand, click.Group):
+    """A click group whose ``RoseError``s, its subcommands' included, end as one line and exit 2."""
 
 
 def setup_logging(verbose: int) -> None:

@@ -1,0 +1,46 @@
+"""Frames and peers for the control channel's tests, shared by the ZMQ channel's (``test_channel``) and the
+in-process twin's (``test_inprocess_channel``): the same bad frames must meet the same verdicts on both."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from rose_core import messages as m
+from rose_core.auth import Signer
+from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.serde import Encoder
+from rose_core.wire import envelope
+
+SECRET = b"s" * 32
+OTHER = b"o" * 32
+
+
+def rejected(reason: str) -> float:
+    return float(REJECTED_MESSAGES.labels(reason)._value.get())
+
+
+def hello(peer: str = "e1") -> m.Hello:
+    return m.Hello(peer_id=peer, kind="executor")
+
+
+def sealed(header: bytes, secret: bytes = SECRET, version: int = 1) -> list[bytes]:
+    """A one-frame message signed as a peer would sign it (``version``: the protocol it claims)."""
+    env = envelope(version=version)
+    return [env, Signer(secret).sign([env, header]), header]
+
+
+def sealed_hello(peer: str = "e1") -> list[bytes]:
+    return sealed(Encoder().encode(hello(peer))[0])
+
+
+BAD_FRAMES = [
+    ([b"hello"], "malformed"),
+    ([b"XXXX\x00\x01\x00", bytes(32), b"\x80"], "malformed"),
+    (sealed(b"\xc1"), "malformed"),
+    (sealed(Encoder().encode(m.Shutdown())[0]), "unknown_type"),  # not a message a controller receives
+    (sealed(b'\x81\xa4type\xa4nope'), "unknown_type"),
+]
+"""``(frames, the rejection reason they must be counted under)``."""
+
+GARBAGE = st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=5), min_size=1, max_size=8)
+"""Streams of random multi-frame messages."""
