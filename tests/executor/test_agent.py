@@ -30,21 +30,17 @@ from rose_core.messages import (
     Shutdown,
     StepStarted,
     TurnAborted,
-    TurnRequest,
     TurnResult,
     WeightAnnounce,
     WeightApplied,
     Welcome,
 )
 from rose_core.metrics import free_port
-from rose_executor.co_serving import footprint
 from rose_transfer import DensePublisher
 
 from .conftest import SECRET
 from .controller_peer import ControllerPeer
-
-PROMPT = np.array([7, 21, 33, 45, 58, 61, 70, 85, 99], dtype=np.int32)
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+from .executor_setup import LONG, ROLLOUT_SEQ_BYTES, memory_settings, turn, write_config
 
 
 @dataclass
@@ -54,40 +50,6 @@ class Executor:
     register: Register
     children: set[int]
     stage_dir: Path
-
-
-LONG = SamplingParams(max_tokens=900, temperature=0.0)
-ROLLOUT_SEQ_BYTES = (len(PROMPT) + LONG.max_tokens) * 512  # the policy's KV bytes per token
-
-
-def memory_settings(policy: Path, serving: Path) -> dict[str, object]:
-    """A device share whose rollout budget holds 2.5 long rollout turns (one after the 2x cut), and a high
-    watermark so low (5% of the 20% headroom, ~58 KB here) that a serving request reserving 300 tokens (2 KiB of
-    KV each) crosses it while the short ones of the other tests (7 tokens) do not."""
-    weights = footprint(str(serving), "bfloat16").weight_bytes + footprint(str(policy), "bfloat16").weight_bytes
-    device = int((2.5 * ROLLOUT_SEQ_BYTES + weights) / 0.8)
-    return {"device_memory_bytes": device, "memory_high_watermark": 0.05}
-
-
-def write_config(path: Path, policy: Path, serving: Path, port: int, **extra: object) -> Path:
-    lines = [
-        f'policy_model_dir = "{policy}"',
-        f'serving_model_dir = "{serving}"',
-        'serving_model_name = "prod"',
-        f"serving_port = {port}",
-        "kv_cache_gib = 0.5",
-        "rollout_capacity = 2",
-        "max_model_len = 1024",
-        # An SLO no request can meet: serving traffic takes the headroom away for `latency_window_s`.
-        "slo_ttft_ms = 0.001",
-        "slo_tpot_ms = 0.001",
-        "latency_window_s = 2.0",
-        f'weight_stage_dir = "{path.parent / "stage"}"',
-        f'profile_cache_dir = "{path.parent / "profiles"}"',
-        *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def executor_command(controller: str, role: str, config: Path, secret_file: Path, *extra: str) -> list[str]:
@@ -142,18 +104,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     for child in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-
-
-def turn(turn_id: str, version: int = 0, sampling: SamplingParams = GREEDY, prompt: np.ndarray = PROMPT) -> TurnRequest:
-    return TurnRequest(
-        turn_id=turn_id,
-        trajectory_id=f"traj-{turn_id}",
-        attempt=0,
-        prompt_token_ids=prompt,
-        sampling=sampling,
-        min_version=version,
-        max_version=version,
-    )
 
 
 def test_register_describes_the_host(executor: Executor, policy_dir: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rose_executor.co_serving_bench import CONFIGS, LEVELS, Window, slo_from_alone, summarize
+from rose_executor.bench.co_serving_bench import CONFIGS, LEVELS, Window, slo_from_alone, summarize
 
 
 def run(attainment: float, tokens: float, harvest: float, requests: float = 100.0) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""The co-serving control tick with the real RolloutRunner and policies, fake engines, simulated time:
+"""The co-serving control tick with the real RolloutRunner and policies on the FakeEngine twin and a virtual clock:
 admitted turns start, a vanished slack pauses the rollout engine within the tick, a memory cut aborts, an idle
 policy sits inactive, and the control loop ticks at once on a serving arrival or a submitted turn."""
 
@@ -16,53 +16,35 @@ from rose_core.policy import (
     CoServingGuard,
     DualSlackAdmission,
     LatencyModel,
-    LiveRequest,
     MemoryPolicyConfig,
 )
-from rose_executor.co_serving import CoServing
-from rose_executor.engine import GenerationOutput
-from rose_executor.rollout_runner import RolloutRunner
-from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.engine.engine_protocol import GenerationOutput
+from rose_executor.engine.fake_engine import FakeEngine
+from rose_executor.engine.virtual_clock import VirtualClock
+from rose_executor.memory.serving_first_budget import ModelFootprint, ServingFirstBudget
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
+GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
 
 
-class FakeEngine:
-    """Generation that never finishes; records pause/resume; serves a settable list of live requests."""
-
-    def __init__(self) -> None:
-        self.live: list[LiveRequest] = []
-        self.calls: list[str] = []
-        self.started: list[str] = []
-        self.listeners: list[Callable[[], None]] = []
-
-    def add_activity_listener(self, listener: Callable[[], None]) -> None:
-        self.listeners.append(listener)
-
-    def remove_activity_listener(self, listener: Callable[[], None]) -> None:
-        self.listeners.remove(listener)
-
-    def live_requests(self) -> list[LiveRequest]:
-        return list(self.live)
-
-    async def pause(self, *, keep_requests: bool = False) -> None:
-        self.calls.append(f"pause(keep={keep_requests})")
-
-    async def resume(self) -> None:
-        self.calls.append("resume")
-
-    async def generate(self, request_id: str, prompt: Any, sampling: Any) -> GenerationOutput:
-        self.started.append(request_id)
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-
-def setup(memory: ServingFirstBudget | None = None) -> tuple[CoServing, FakeEngine, FakeEngine, list[Any]]:
+def setup(
+    memory: ServingFirstBudget | None = None,
+) -> tuple[CoServing, FakeEngine, FakeEngine, list[Any], VirtualClock]:
+    """Both engines are twins on one virtual clock (starting at 99.9 s); the runner and the loop read it too."""
+    clock = VirtualClock(99.9)
     sent: list[Any] = []
-    serving, rollout = FakeEngine(), FakeEngine()
-    runner = RolloutRunner(rollout, "ex", 4, sent.append, guarded=True, memory=memory)  # type: ignore[arg-type]
+    serving, rollout = FakeEngine(MODEL, clock), FakeEngine(MODEL, clock)
+    runner = RolloutRunner(rollout, "ex", 4, sent.append, clock=clock.now, guarded=True, memory=memory)
     guard = CoServingGuard(DualSlackAdmission(AdmissionConfig(0.5, 0.05), MODEL, MODEL))
-    return CoServing(guard, serving, rollout, runner, 0.05, memory), serving, rollout, sent  # type: ignore[arg-type]
+    return CoServing(guard, serving, rollout, runner, 0.05, memory, clock), serving, rollout, sent, clock
+
+
+def serve(engine: FakeEngine, name: str, prompt_tokens: int, max_tokens: int = 64) -> asyncio.Task[GenerationOutput]:
+    """A serving request on the twin (its arrival calls the activity listeners, as vLLM's add_request does)."""
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return asyncio.create_task(engine.generate(name, [5] * prompt_tokens, sampling))
 
 
 def turn(name: str, max_tokens: int = 100) -> TurnRequest:
@@ -73,19 +55,21 @@ def turn(name: str, max_tokens: int = 100) -> TurnRequest:
 
 
 async def test_admit_hold_within_one_tick_and_resume() -> None:
-    co, serving, rollout, _ = setup()
+    co, serving, rollout, _, clock = setup()
     co.runner.submit(turn("a"))
     await asyncio.sleep(0)
     assert rollout.started == [] and co.runner.queued()  # guarded: waits for the tick
     await co.tick(100.0)
     await asyncio.sleep(0)
     assert rollout.started == ["a:0"] and co.headroom
-    serving.live = [LiveRequest("s", 99.0, 8, 64, 5, prefilling=False, last_token_s=99.999)]
+    request = serve(serving, "s", 8)  # 8-token prompt; let it emit 5 tokens on the virtual clock
+    await clock.run_until(lambda: [r.tokens_out for r in serving.live_requests()] == [5])
     co.runner.submit(turn("b"))
-    held = await co.tick(100.05)  # 50 ms after the last serving token: TPOT slack gone
+    held = await co.tick(100.05)  # over 50 ms after the last serving token: TPOT slack gone
     assert not held.run_rollout and rollout.calls == ["pause(keep=True)"] and co.runner.held
     assert [q.key for q in co.runner.queued()] == ["b:0"]
-    serving.live = []
+    await serving.abort("s")
+    await request
     await co.tick(100.1)
     await asyncio.sleep(0)
     assert rollout.calls == ["pause(keep=True)", "resume"] and rollout.started == ["a:0", "b:0"]
@@ -96,14 +80,16 @@ async def test_memory_cut_aborts_the_youngest_and_freezes_until_the_step() -> No
     kv = 100  # bytes per token, both models; a turn reserves (20 + 100) x 100 = 12 kB
     policy = MemoryPolicyConfig(device_bytes=100_000, rollout_weight_bytes=10_000, high_watermark=0.5)
     memory = ServingFirstBudget(policy, ModelFootprint(40_000, kv), ModelFootprint(10_000, kv))
-    co, serving, _, sent = setup(memory)
+    co, serving, _, sent, clock = setup(memory)
     assert memory.budget_bytes == 30_000  # 100 k - 10 k rollout weights - 40 k serving - 20 k headroom
     for name in ("a", "b"):
         co.runner.submit(turn(name))
         await co.tick(float(len(sent) + ord(name)))
+        await clock.advance(0.001)  # b starts after a: the younger one
     await asyncio.sleep(0)
     assert len(co.runner.memory_uses()) == 2
-    serving.live = [LiveRequest("s", 200.0, 100, 20, 0, prefilling=True, last_token_s=None)]  # +12 kB >= 10 k
+    request = serve(serving, "s", 100, max_tokens=20)  # prefilling, reserves (100 + 20) x 100 = 12 kB >= 10 k
+    await asyncio.sleep(0)
     await co.tick(200.0)
     await asyncio.sleep(0)
     assert memory.frozen and memory.budget_bytes == 15_000
@@ -111,14 +97,15 @@ async def test_memory_cut_aborts_the_youngest_and_freezes_until_the_step() -> No
     assert [(m.turn_id, m.reason) for m in aborted] == [("b", "memory")]
     co.runner.submit(turn("c"))  # 12 kB + 12 kB > 15 kB: refused at once
     assert isinstance(sent[-1], TurnAborted) and (sent[-1].turn_id, sent[-1].reason) == ("c", "memory")
-    serving.live = []
+    await serving.abort("s")
+    await request
     co.on_step(1)
     assert not memory.frozen and memory.budget_bytes == 30_000
     await co.runner.abort_all("shutdown")
 
 
 async def test_idle_policy_sits_inactive_and_the_first_turn_activates_it() -> None:
-    co, _, rollout, _ = setup()
+    co, _, rollout, _, _ = setup()
     verdict = await co.tick(100.0)  # no turn: loaded but inactive, the engine held, nothing reserved
     assert verdict.run_rollout and not co.active and co.paused and rollout.calls == ["pause(keep=True)"]
     assert co.runner.memory_uses() == []
@@ -141,21 +128,22 @@ async def settle(condition: Callable[[], bool]) -> None:
 
 
 async def test_the_loop_ticks_at_once_on_a_submitted_turn_and_on_a_serving_arrival() -> None:
-    co, serving, rollout, _ = setup()
-    co.interval_s = 3600.0  # no periodic tick during the test: only wake-ups
+    co, serving, rollout, _, _ = setup()
+    co.interval_s = 3600.0  # no periodic tick during the test (the clock never moves): only wake-ups
     loop = asyncio.create_task(co.run(lambda: False))
     try:
         await settle(lambda: rollout.calls == ["pause(keep=True)"])  # the first tick: idle, inactive
         co.runner.submit(turn("a"))
         await settle(lambda: rollout.started == ["a:0"])  # the submission woke the loop
         assert rollout.calls == ["pause(keep=True)", "resume"]
-        serving.live = [LiveRequest("s", 0.0, 8, 64, 5, prefilling=False, last_token_s=0.0)]  # slack long gone
-        for listener in serving.listeners:  # what VllmEngine calls when a request is added
-            listener()
+        # A prompt whose prefill alone (118 chunks) outlasts the 0.5 s TTFT budget: no slack from its arrival on,
+        # which calls the listeners (as VllmEngine's add_request does).
+        serve(serving, "s", 60_000)
         await settle(lambda: rollout.calls[-1] == "pause(keep=True)")
         assert co.runner.held
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await co.runner.abort_all("shutdown")
+        serving.shutdown()
     assert serving.listeners == [] and co.runner.on_submit is None

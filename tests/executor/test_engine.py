@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rose_core.messages import SamplingParams
-from rose_executor.engine import VllmEngine
-from rose_executor.weight_file import flat_file_from_safetensors
+from rose_executor.engine.vllm_engine import VllmEngine
+from rose_executor.engine.weight_file import flat_file_from_safetensors
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from rose_core.policy import SloBudgets
-from rose_executor.co_serving import footprint, memory_budget, slo_budgets
+from rose_executor.co_serving.co_serving import slo_budgets
 from rose_executor.config import ExecutorConfig, parse_executor_config
-from rose_executor.latency_profile import EngineProfile, profile_key, read_cached, write_cached
+from rose_executor.engine.latency_profile import EngineProfile, profile_key, read_cached, write_cached
+from rose_executor.memory.serving_first_budget import footprint, memory_budget
 
 PROFILE = EngineProfile(key="k", prefill_points=[(16, 0.006), (512, 0.018)], decode_points=[(1, 0.002), (8, 0.0023)])
 

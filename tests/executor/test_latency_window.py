@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from rose_executor.latency_window import LatencyWindow
-from rose_executor.serving_monitor import ServingMonitor, has_headroom
-from rose_executor.warm_trajectories import WarmTrajectories
+from rose_executor.rollout.warm_trajectories import WarmTrajectories
+from rose_executor.serving.latency_window import LatencyWindow
+from rose_executor.serving.serving_monitor import ServingMonitor, has_headroom
 
 
 def test_percentiles_cover_only_the_horizon() -> None:

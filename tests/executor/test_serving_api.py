@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 
 from rose_core.errors import RoseError
-from rose_executor.engine import VllmEngine
-from rose_executor.serving_api import OpenAIServer
-from rose_executor.serving_monitor import ServingMonitor
+from rose_executor.engine.vllm_engine import VllmEngine
+from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.serving_monitor import ServingMonitor
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 MODEL = "prod-model"

@@ -9,9 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from rose_core.errors import ConfigError
 from rose_executor.config import parse_executor_config
-from rose_executor.model_info import describe_model
-from rose_executor.weight_file import flat_file_from_safetensors
-from rose_executor.worker_extension import tensors_from_buffer
+from rose_executor.engine.model_info import describe_model
+from rose_executor.engine.weight_file import flat_file_from_safetensors
+from rose_executor.engine.worker_extension import tensors_from_buffer
 
 
 def test_flat_file_round_trips_a_checkpoint_bit_exactly(policy_dir: Path, tmp_path: Path) -> None:

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import assert_never
 
 import psutil
 
+from rose_core.channel import ControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
     CancelTurn,
     ErrorReport,
+    FromController,
     Goodbye,
     Heartbeat,
     Hello,
@@ -32,26 +33,27 @@ from rose_core.messages import (
     Shutdown,
     StatusSnapshot,
     StepStarted,
+    ToController,
     TurnRequest,
     WeightAnnounce,
     Welcome,
 )
 from rose_executor import __version__
-from rose_executor.co_serving import CoServing, memory_budget
-from rose_executor.colocated_profile import load_or_profile_colocated
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
 from rose_executor.config import ExecutorConfig
-from rose_executor.controller_link import ControllerLink
-from rose_executor.latency_profile import load_or_profile
-from rose_executor.model_info import describe_model
-from rose_executor.orphan_guard import OrphanGuard
-from rose_executor.rollout_runner import RolloutRunner
-from rose_executor.serving_api import OpenAIServer
-from rose_executor.serving_monitor import ServingMonitor
-from rose_executor.weight_file import stage_dir
-from rose_executor.weight_updater import WeightUpdater
-
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+from rose_executor.controller_link import ClientFactory, ControllerLink
+from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
+from rose_executor.engine.engine_protocol import Engine
+from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_executor.engine.latency_profile import load_or_profile
+from rose_executor.engine.model_info import describe_model
+from rose_executor.engine.weight_file import stage_dir
+from rose_executor.memory.serving_first_budget import memory_budget
+from rose_executor.rollout.rollout_runner import RolloutRunner
+from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.serving_monitor import ServingMonitor
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +72,33 @@ class AgentOptions:
 class ExecutorAgent:
     """Runs until told to stop; ``run`` returns the process exit code, or raises ``RoseError`` at start-up."""
 
-    def __init__(self, config: ExecutorConfig, options: AgentOptions) -> None:
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        options: AgentOptions,
+        launcher: EngineLauncher | None = None,
+        connect: ClientFactory = ControlClient,
+    ) -> None:
+        """``launcher`` starts the engines and ``connect`` the control channel: vLLM and ZMQ by default,
+        ``FakeEngineLauncher`` and ``InProcessClient`` (the in-process twins) in tests."""
         config.check_role(options.role)
         self.config = config
         self.options = options
+        self._launcher = launcher or VllmLauncher()
+        self._connect = connect
         self.exit_code = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._link: ControllerLink | None = None
         self._heartbeat_s = config.heartbeat_interval_s
         self._welcomed = False
-        self._serving: VllmEngine | None = None
-        self._engines: list[VllmEngine] = []
+        self._serving: Engine | None = None
+        self._engines: list[Engine] = []
         self._monitor: ServingMonitor | None = None
         self._co_serving: CoServing | None = None
         self._server: OpenAIServer | None = None
         self._runner: RolloutRunner | None = None
         self._updater: WeightUpdater | None = None
-        self._orphan_guard: OrphanGuard | None = None
 
     @property
     def executor_id(self) -> str:
@@ -105,7 +116,7 @@ class ExecutorAgent:
     async def run(self) -> int:
         self._install_signal_handlers()
         try:
-            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id)
+            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id, self._connect)
             welcome = await self._handshake(self._link)
             self._welcomed = True
             self._heartbeat_s = welcome.heartbeat_interval_s
@@ -143,13 +154,11 @@ class ExecutorAgent:
 
     async def _start_engines(self) -> None:
         cfg = self.config
-        engine_module = await asyncio.to_thread(importlib.import_module, "rose_executor.engine")
-        self._orphan_guard = OrphanGuard()
         if self.options.role == "serving":
             self._server = OpenAIServer(cfg.serving_host, cfg.serving_port)
             self._server.reserve()
-            self._serving = await self._start_engine(engine_module, cfg.serving_model_dir, "serving", None)
-        rollout = await self._start_engine(engine_module, cfg.policy_model_dir, "rollout", None)
+            self._serving = await self._start_engine(cfg.serving_model_dir, "serving")
+        rollout = await self._start_engine(cfg.policy_model_dir, "rollout")
         memory = memory_budget(cfg) if self._serving is not None else None
         send = self._send
         self._runner = RolloutRunner(
@@ -174,7 +183,7 @@ class ExecutorAgent:
             fetch_timeout_s=cfg.weight_fetch_timeout_s,
         )
 
-    async def _start_guard(self, serving: VllmEngine, rollout: VllmEngine, runner: RolloutRunner) -> None:
+    async def _start_guard(self, serving: Engine, rollout: Engine, runner: RolloutRunner) -> None:
         """Profile both engines (or load the cached profiles), then let the monitor see serving traffic."""
         cfg = self.config
         cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
@@ -189,11 +198,11 @@ class ExecutorAgent:
             self._co_serving.set_feedback(self._monitor.has_headroom)
         serving.attach_observer(self._monitor)
 
-    async def _start_engine(self, module: Any, model_dir: str, purpose: str, observer: Any) -> VllmEngine:
+    async def _start_engine(self, model_dir: str, purpose: Purpose) -> Engine:
         cfg = self.config
         started = time.perf_counter()
-        engine: VllmEngine = await module.VllmEngine.create(
-            model_dir,
+        spec = EngineSpec(
+            model_dir=Path(model_dir),
             purpose=purpose,
             kv_cache_gib=cfg.kv_cache_gib,
             max_num_seqs=cfg.rollout_capacity if purpose == "rollout" else cfg.serving_max_num_seqs,
@@ -201,11 +210,9 @@ class ExecutorAgent:
             enable_prefix_caching=cfg.enable_prefix_caching,
             dtype=cfg.dtype,
             served_model_name=cfg.serving_model_name if purpose == "serving" else "",
-            observer=observer,
         )
+        engine = await self._launcher.start(spec)
         self._engines.append(engine)
-        if self._orphan_guard is not None:
-            self._orphan_guard.watch_children()
         log.info("%s engine for %s ready in %.1f s", purpose, model_dir, time.perf_counter() - started)
         return engine
 
@@ -273,25 +280,28 @@ class ExecutorAgent:
             if msg is not None:
                 self._handle(msg)
 
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: FromController) -> None:
         runner, updater = self._runner, self._updater
         if runner is None or updater is None:
             return
-        if isinstance(msg, TurnRequest):
-            runner.submit(msg)
-        elif isinstance(msg, CancelTurn):
-            runner.cancel(msg.turn_id, msg.attempt)
-        elif isinstance(msg, WeightAnnounce):
-            updater.announce(msg)
-        elif isinstance(msg, StepStarted):
-            if self._co_serving is not None:
-                self._co_serving.on_step(msg.step)
-        elif isinstance(msg, Shutdown):
-            self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
-        elif isinstance(msg, ErrorReport):
-            log.warning("controller reports %s: %s", msg.code, msg.message)
-        elif not isinstance(msg, (Welcome, StatusSnapshot)):
-            log.debug("ignoring %s", type(msg).__name__)
+        match msg:
+            case TurnRequest():
+                runner.submit(msg)
+            case CancelTurn():
+                runner.cancel(msg.turn_id, msg.attempt)
+            case WeightAnnounce():
+                updater.announce(msg)
+            case StepStarted():
+                if self._co_serving is not None:
+                    self._co_serving.on_step(msg.step)
+            case Shutdown():
+                self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
+            case ErrorReport():
+                log.warning("controller reports %s: %s", msg.code, msg.message)
+            case Welcome() | StatusSnapshot():
+                pass
+            case _:
+                assert_never(msg)
 
     def load_report(self) -> LoadReport:
         runner = self._runner
@@ -324,7 +334,7 @@ class ExecutorAgent:
             return "held"
         return "ready"
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: ToController) -> None:
         if self._link is not None:
             self._link.send(msg)
 
@@ -348,8 +358,7 @@ class ExecutorAgent:
             log.info("%d engines stopped in %.1f s", len(self._engines), time.perf_counter() - started)
         self._engines.clear()
         self._serving = None
-        if self._orphan_guard is not None:
-            await asyncio.to_thread(self._orphan_guard.close)
+        await asyncio.to_thread(self._launcher.close)
         if self._link is not None:
             await self._link.close()
         with contextlib.suppress(NotImplementedError, RuntimeError):

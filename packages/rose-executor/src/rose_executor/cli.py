@@ -1,4 +1,9 @@
-"""``rose-executor``: run this host's executor agent against a controller."""
+"""``rose-executor``: run this host's executor agent against a controller, or the co-serving benchmark.
+
+``rose-executor --controller ADDR --role R --config F`` (what ``rose run`` and operators call) runs the agent,
+as does ``rose-executor run ...`` with the same options; ``rose-executor bench`` runs the benchmark. A
+``RoseError`` ends as one line ``rose-executor: error: ...`` and exit status 2 (``rose_core.cli_support``).
+"""
 
 from __future__ import annotations
 
@@ -7,90 +12,117 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from rose_core.auth import load_secret
-from rose_core.errors import RoseError
+from rose_core.cli_support import LOG_FORMAT, RoseGroup
+from rose_core.messages import Role
 from rose_core.metrics import serve_metrics
+from rose_executor.bench.bench_cli import bench
 from rose_executor.config import load_executor_config
 
-
-def main() -> None:
-    """``rose-executor bench ...`` runs the co-serving benchmark; anything else runs the agent."""
-    if sys.argv[1:2] == ["bench"]:
-        from rose_executor.bench_cli import bench
-
-        bench(args=sys.argv[2:], prog_name="rose-executor bench")
-    else:
-        agent(prog_name="rose-executor")
+PROGRAM = "rose-executor"
+REQUIRED = ("controller", "role", "config_path")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--controller", required=True, metavar="tcp://HOST:PORT", help="The controller's control address.")
-@click.option("--role", type=click.Choice(["dedicated", "serving"]), required=True, help="What this host does.")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="Executor TOML config.")
-@click.option("--executor-id", default=None, help="Unique id of this executor [default: HOSTNAME-ROLE].")
-@click.option(
-    "--secret-file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Shared secret [default: $ROSE_SECRET_FILE or $ROSE_SECRET].",
+def agent_options(required: bool) -> Callable[[F], F]:
+    """The agent's options; ``required`` only on ``run`` (the group checks them itself when it runs the agent,
+    so that ``rose-executor bench`` needs none of them)."""
+
+    def apply(f: F) -> F:
+        options = [
+            click.option("--controller", required=required, metavar="tcp://HOST:PORT",
+                         help="The controller's control address."),
+            click.option("--role", type=click.Choice(["dedicated", "serving"]), required=required,
+                         help="What this host does."),
+            click.option("--config", "config_path", required=required, type=click.Path(dir_okay=False),
+                         help="Executor TOML config."),
+            click.option("--executor-id", default=None, help="Unique id of this executor [default: HOSTNAME-ROLE]."),
+            click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
+                         help="Shared secret [default: $ROSE_SECRET_FILE or $ROSE_SECRET]."),
+            click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+                         help="Prometheus port; 0 picks a free one."),
+            click.option("--log-level", default="INFO", show_default=True,
+                         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
+        ]  # fmt: skip
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
+@click.group(
+    cls=RoseGroup,
+    program=PROGRAM,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option(
-    "--metrics-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Prometheus port; 0 picks a free one.",
-)
-@click.option(
-    "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
-)
-def agent(
+@agent_options(required=False)
+@click.pass_context
+def cli(ctx: click.Context, /, **agent: Any) -> None:
+    """Run the ROSE executor on this host until the controller or a signal stops it.
+
+    `rose-executor bench --help`: the co-serving benchmark."""
+    given = [name for name in REQUIRED if agent[name] is not None]
+    if ctx.invoked_subcommand is not None:
+        if given:
+            raise click.UsageError(
+                f"the agent's options go without a subcommand, not before `{ctx.invoked_subcommand}`"
+            )
+        return
+    for param in ctx.command.params:
+        if param.name in REQUIRED and agent[param.name] is None:
+            raise click.MissingParameter(ctx=ctx, param=param)
+    run_agent(**agent)
+
+
+@cli.command(context_settings={"help_option_names": ["-h", "--help"]})
+@agent_options(required=True)
+def run(**agent: Any) -> None:
+    """Run the ROSE executor on this host (the same as `rose-executor` with these options)."""
+    run_agent(**agent)
+
+
+cli.add_command(bench)
+
+
+def run_agent(
     controller: str,
-    role: str,
+    role: Role,
     config_path: str,
     executor_id: str | None,
     secret_file: str | None,
     metrics_port: int,
     log_level: str,
 ) -> None:
-    """Run the ROSE executor on this host until the controller or a signal stops it.
-
-    `rose-executor bench --help`: the co-serving benchmark."""
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    """Configure logging, load the config and the secret, serve metrics, run the agent; exit with its code."""
+    logging.basicConfig(level=log_level, format=LOG_FORMAT, stream=sys.stderr)
     quiet = "WARNING" if log_level == "INFO" else log_level
     os.environ.setdefault("VLLM_LOGGING_LEVEL", quiet)
     logging.getLogger("vllm").setLevel(quiet)
-    try:
-        code = _run(
-            controller, role, config_path, executor_id or f"{socket.gethostname()}-{role}", secret_file, metrics_port
-        )
-    except RoseError as exc:
-        click.echo(f"rose-executor: error: {exc}", err=True)
-        sys.exit(2)
-    sys.exit(code)
-
-
-def _run(
-    controller: str, role: str, config_path: str, executor_id: str, secret_file: str | None, metrics_port: int
-) -> int:
     from rose_executor.agent import AgentOptions, ExecutorAgent
 
     config = load_executor_config(config_path)
-    config.check_role(role)  # type: ignore[arg-type]
+    config.check_role(role)
     secret = load_secret(secret_file)
-    metrics_endpoint = serve_metrics(config.advertise_host, metrics_port)
     options = AgentOptions(
         controller=controller,
-        role=role,  # type: ignore[arg-type]
-        executor_id=executor_id,
+        role=role,
+        executor_id=executor_id or f"{socket.gethostname()}-{role}",
         secret=secret,
-        metrics_endpoint=metrics_endpoint,
+        metrics_endpoint=serve_metrics(config.advertise_host, metrics_port),
     )
 
-    async def run() -> int:
+    async def agent() -> int:
         return await ExecutorAgent(config, options).run()
 
-    return asyncio.run(run())
+    sys.exit(asyncio.run(agent()))
+
+
+def main() -> None:
+    cli(prog_name=PROGRAM)

@@ -5,14 +5,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import msgspec
-
-from rose_core.config import parse_config
+from rose_core.config_support import (
+    ConfigSection,
+    load_toml,
+    parse_toml,
+    require_at_least,
+    require_fraction,
+    require_non_negative,
+    require_open_fraction,
+    require_port,
+    require_positive,
+)
 from rose_core.errors import ConfigError
 from rose_core.messages import Role
 
 
-class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ExecutorConfig(ConfigSection):
     """One executor host. Paths are model directories in Hugging Face layout (config.json + safetensors)."""
 
     policy_model_dir: str
@@ -69,7 +77,7 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_fetch_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _positive(
+        require_positive(
             kv_cache_gib=self.kv_cache_gib,
             rollout_capacity=self.rollout_capacity,
             serving_max_num_seqs=self.serving_max_num_seqs,
@@ -82,11 +90,15 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             guard_interval_s=self.guard_interval_s,
             weight_fetch_timeout_s=self.weight_fetch_timeout_s,
         )
-        _check_guard(self)
-        if not 0 < self.headroom_fraction <= 1:
-            raise ValueError(f"`headroom_fraction` must be in (0, 1] (got {self.headroom_fraction})")
-        if not 0 <= self.serving_port < 65536:
-            raise ValueError(f"`serving_port` must be in 0..65535 (got {self.serving_port})")
+        require_non_negative(
+            slo_from_profile=self.slo_from_profile,
+            admission_margin_ms=self.admission_margin_ms,
+            device_memory_bytes=self.device_memory_bytes,
+        )
+        require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
+        require_open_fraction(memory_headroom_fraction=self.memory_headroom_fraction)
+        require_fraction(headroom_fraction=self.headroom_fraction, memory_high_watermark=self.memory_high_watermark)
+        require_port(serving_port=self.serving_port)
         if not self.policy_model_dir:
             raise ValueError("`policy_model_dir` must name the policy model directory")
 
@@ -101,32 +113,11 @@ class ExecutorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def load_executor_config(path: str | os.PathLike[str]) -> ExecutorConfig:
     """The config in the TOML file ``path``; one-line ``ConfigError`` naming the field on any problem."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the executor config {path}: {exc.strerror}; fix --config") from exc
-    return parse_executor_config(data, str(path))
+    return load_toml(path, ExecutorConfig, what="the executor config", hint="", fix="fix --config")
 
 
 def parse_executor_config(data: bytes | str, source: str = "executor config") -> ExecutorConfig:
-    return parse_config(data, ExecutorConfig, source, hint="")
-
-
-def _check_guard(cfg: ExecutorConfig) -> None:
-    if cfg.slo_from_profile < 0 or cfg.admission_margin_ms < 0 or cfg.device_memory_bytes < 0:
-        raise ValueError("`slo_from_profile`, `admission_margin_ms` and `device_memory_bytes` must be >= 0")
-    if cfg.prefill_chunk_tokens < 1:
-        raise ValueError(f"`prefill_chunk_tokens` must be >= 1 (got {cfg.prefill_chunk_tokens})")
-    if not 0 < cfg.memory_headroom_fraction < 1:
-        raise ValueError(f"`memory_headroom_fraction` must be in (0, 1) (got {cfg.memory_headroom_fraction})")
-    if not 0 < cfg.memory_high_watermark <= 1:
-        raise ValueError(f"`memory_high_watermark` must be in (0, 1] (got {cfg.memory_high_watermark})")
-
-
-def _positive(**values: float) -> None:
-    for name, value in values.items():
-        if value <= 0:
-            raise ValueError(f"`{name}` must be > 0 (got {value})")
+    return parse_toml(data, ExecutorConfig, source, hint="")
 
 
 def _require_model(field: str, path: str) -> None:

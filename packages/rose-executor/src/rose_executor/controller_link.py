@@ -1,7 +1,9 @@
 """The executor's control channel, bridged into asyncio.
 
-``rose_core.channel.ControlClient`` does its socket I/O on its own thread; its callback hands each decoded
-message to the event loop with ``call_soon_threadsafe``, where the agent awaits ``recv``.
+The client endpoint (``rose_core.channel.ControlClient`` over ZMQ, or ``rose_core.inprocess_channel.
+InProcessClient``, its in-process twin, in tests) hands each decoded message to its callback: on its I/O
+thread over ZMQ, in the sender's thread in process. The callback passes it to the event loop with
+``call_soon_threadsafe``, where the agent awaits ``recv``.
 """
 
 from __future__ import annotations
@@ -9,34 +11,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
-import msgspec
+from typing import Protocol
 
 from rose_core.channel import ControlClient
+from rose_core.control_endpoint import ClientCallback, ClientEndpoint
+from rose_core.messages import FromController, ToController
 
 log = logging.getLogger(__name__)
+
+
+class ClientFactory(Protocol):
+    """What ``ControlClient`` and ``InProcessClient`` are called with."""
+
+    def __call__(
+        self, address: str, secret: bytes, peer_id: str, on_message: ClientCallback | None = None
+    ) -> ClientEndpoint: ...
 
 
 class ControllerLink:
     """Send to the controller from the event loop; await what it sends back."""
 
-    def __init__(self, address: str, secret: bytes, peer_id: str) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str, connect: ClientFactory = ControlClient) -> None:
         self._loop = asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self._client = ControlClient(address, secret, peer_id, on_message=self._on_message)
+        self._inbox: asyncio.Queue[FromController] = asyncio.Queue()
+        self._client = connect(address, secret, peer_id, on_message=self._on_message)
         self._closed = False
 
-    def _on_message(self, _peer: bytes, msg: Any) -> None:
-        # Runs on the ZMQ I/O thread.
+    def _on_message(self, _peer: bytes, msg: FromController) -> None:
+        # Runs on the endpoint's I/O thread (ZMQ) or the sender's thread (in process).
         with contextlib.suppress(RuntimeError):  # the loop is gone: we are shutting down
             self._loop.call_soon_threadsafe(self._inbox.put_nowait, msg)
 
-    def send(self, msg: msgspec.Struct) -> None:
+    def send(self, msg: ToController) -> None:
         if not self._closed:
             self._client.send(msg)
 
-    async def recv(self, timeout: float | None = None) -> Any | None:
+    async def recv(self, timeout: float | None = None) -> FromController | None:
         """The next message, or ``None`` after ``timeout`` seconds."""
         try:
             return await asyncio.wait_for(self._inbox.get(), timeout)
@@ -44,7 +54,7 @@ class ControllerLink:
             return None
 
     async def close(self, flush_s: float = 0.2) -> None:
-        """Give the I/O thread ``flush_s`` to send what is queued, then close the socket."""
+        """Give the I/O thread ``flush_s`` to send what is queued, then close the endpoint."""
         if self._closed:
             return
         self._closed = True

@@ -1,7 +1,7 @@
 """Stops vLLM's engine-core processes when the executor dies without stopping them (SIGKILL, OOM killer).
 
 vLLM's engine core (and its workers) outlive a frontend killed hard. ``OrphanGuard`` starts a tiny watcher
-process (``python -m rose_executor.orphan_guard``, in its own session so terminal signals skip it) and
+process (``python -m rose_executor.engine.orphan_guard``, in its own session so terminal signals skip it) and
 tells it, over its stdin, which processes to look after. When that pipe closes (the executor exited, however
 it exited) the watcher terminates whatever of them is still alive, with their children. After a clean
 shutdown nothing is left, and it just exits.
@@ -25,7 +25,7 @@ class OrphanGuard:
 
     def __init__(self) -> None:
         self._watcher = subprocess.Popen(
-            [sys.executable, "-m", "rose_executor.orphan_guard"],
+            [sys.executable, "-m", "rose_executor.engine.orphan_guard"],
             stdin=subprocess.PIPE,
             start_new_session=True,
         )

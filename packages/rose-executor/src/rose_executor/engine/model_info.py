@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rose_core.messages import ModelInfo
-from rose_executor.weight_file import read_safetensors_header
+from rose_executor.engine.weight_file import read_safetensors_header
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8}
 
 
 def describe_model(model_dir: str | Path, purpose: Literal["serving", "rollout"], name: str = "") -> ModelInfo:
@@ -49,4 +49,9 @@ def kv_bytes_per_token(config: dict[str, Any]) -> int:
     head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
     layers = int(text.get("num_hidden_layers", 0))
     dtype = str(text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes(dtype)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` (a config or vLLM dtype name); 2 for names it does not know."""
+    return _DTYPE_BYTES.get(dtype, 2)

@@ -11,25 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, MemoryPolicyConfig, SloBudgets
+from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
 from rose_executor import metrics
-from rose_executor.colocated_profile import guard_serving_model
+from rose_executor.co_serving.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
-from rose_executor.latency_profile import EngineProfile
-from rose_executor.model_info import count_parameters, kv_bytes_per_token_of
-from rose_executor.serving_first_budget import ModelFootprint, ServingFirstBudget
-
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
-    from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.engine.clock import WALL_CLOCK, Clock
+from rose_executor.engine.engine_protocol import Engine
+from rose_executor.engine.latency_profile import EngineProfile
+from rose_executor.memory.serving_first_budget import ServingFirstBudget
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
 def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
@@ -46,26 +40,6 @@ def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
                          config.rollout_capacity)  # fmt: skip
 
 
-def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
-    """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
-    if config.device_memory_bytes <= 0:
-        return None
-    serving = footprint(config.serving_model_dir, config.dtype)
-    rollout = footprint(config.policy_model_dir, config.dtype)
-    policy = MemoryPolicyConfig(
-        device_bytes=config.device_memory_bytes,
-        rollout_weight_bytes=rollout.weight_bytes,
-        headroom_fraction=config.memory_headroom_fraction,
-        high_watermark=config.memory_high_watermark,
-    )
-    return ServingFirstBudget(policy, serving, rollout)
-
-
-def footprint(model_dir: str, dtype: str) -> ModelFootprint:
-    root = Path(model_dir)
-    return ModelFootprint(count_parameters(root) * _DTYPE_BYTES.get(dtype, 2), kv_bytes_per_token_of(root))
-
-
 class CoServing:
     """The guard and the memory budget of one serving host, driven by ``run``: every ``interval_s``, and at
     once when a serving request arrives or finishes or a rollout turn is submitted.
@@ -79,18 +53,21 @@ class CoServing:
     def __init__(
         self,
         guard: CoServingGuard,
-        serving: VllmEngine,
-        rollout: VllmEngine,
+        serving: Engine,
+        rollout: Engine,
         runner: RolloutRunner,
         interval_s: float,
         memory: ServingFirstBudget | None = None,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
+        """``clock``: the serving engine's (its ``live_requests`` stamps); ticks read ``now`` from it."""
         self.guard = guard
         self.serving = serving
         self.rollout = rollout
         self.runner = runner
         self.interval_s = interval_s
         self.memory = memory
+        self.clock = clock
         self.headroom = True
         self.paused = False
         self.active = False
@@ -104,7 +81,7 @@ class CoServing:
         cls,
         config: ExecutorConfig,
         profiles: tuple[EngineProfile, EngineProfile],
-        engines: tuple[VllmEngine, VllmEngine],
+        engines: tuple[Engine, Engine],
         runner: RolloutRunner,
         colocated: EngineProfile | None = None,
     ) -> CoServing:
@@ -131,7 +108,7 @@ class CoServing:
         try:
             while True:
                 self._wake.clear()
-                await self.tick(time.monotonic(), updating())
+                await self.tick(self.clock.now(), updating())
                 await self._until_next_tick()
         finally:
             self.serving.remove_activity_listener(self.wake)
@@ -142,14 +119,18 @@ class CoServing:
         its timeout fires can leave the caller hung; a timer that sets the same event cannot.)"""
         if self._wake.is_set():
             return
-        timer = asyncio.get_running_loop().call_later(self.interval_s, self._wake.set)
+        timer = self.clock.call_later(self.interval_s, self._wake.set)
         try:
             await self._wake.wait()
         finally:
             timer.cancel()
 
+    def serving_requests(self) -> list[LiveRequest]:
+        """The serving engine's production requests in flight (not the executor's own ``rose-`` probes)."""
+        return [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+
     async def tick(self, now: float, updating: bool = False) -> GuardVerdict:
-        serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
+        serving = self.serving_requests()
         if self.memory is not None:
             decision = self.memory.observe(now, serving, self.runner.memory_uses())
             if decision.abort:
@@ -191,5 +172,4 @@ class CoServing:
 
     def on_step(self, step: int) -> None:
         if self.memory is not None:
-            serving = [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
-            self.memory.on_step(step, serving)
+            self.memory.on_step(step, self.serving_requests())

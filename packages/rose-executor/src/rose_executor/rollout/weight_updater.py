@@ -11,23 +11,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import Any
 
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import TensorEntry, WeightAnnounce, WeightApplied
 from rose_executor import metrics
-from rose_executor.weight_file import flat_file_from_safetensors
-
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
-    from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.engine.engine_protocol import Engine
+from rose_executor.engine.weight_file import flat_file_from_safetensors
+from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
 
 log = logging.getLogger(__name__)
-Send = Callable[[msgspec.Struct], None]
 HeldWeights = tuple[Path, list[TensorEntry]]
 
 
@@ -37,12 +31,12 @@ class WeightUpdater:
     def __init__(
         self,
         runner: RolloutRunner,
-        engine: VllmEngine,
+        engine: Engine,
         *,
         executor_id: str,
         secret: bytes,
         stage_dir: Path,
-        send: Send,
+        send: Reply,
         fetch_timeout_s: float = 300.0,
     ) -> None:
         self.runner = runner

@@ -58,7 +58,7 @@ def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, mode
     """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load."""
     logging.basicConfig(level="WARNING", stream=sys.stderr)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from rose_executor.co_serving_bench import run_bench
+    from rose_executor.bench.co_serving_bench import run_bench
 
     result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple, repeats)))
     if as_json:

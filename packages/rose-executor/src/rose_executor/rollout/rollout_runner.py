@@ -12,22 +12,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-import msgspec
 import numpy as np
 
-from rose_core.messages import TurnAborted, TurnRequest, TurnResult
+from rose_core.messages import ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import QueuedTurn, RolloutMemoryUse
 from rose_executor import metrics
-from rose_executor.warm_trajectories import WarmTrajectories
-
-if TYPE_CHECKING:
-    from rose_executor.engine import GenerationOutput, VllmEngine
-    from rose_executor.serving_first_budget import ServingFirstBudget
+from rose_executor.engine.engine_protocol import Engine, GenerationOutput
+from rose_executor.memory.serving_first_budget import ServingFirstBudget
+from rose_executor.rollout.warm_trajectories import WarmTrajectories
 
 log = logging.getLogger(__name__)
-Send = Callable[[msgspec.Struct], None]
+Reply = Callable[[ToController], None]
+"""Sends a message to the controller (the agent's link; a list's ``append`` in tests)."""
 TurnKey = tuple[str, int]
 
 
@@ -52,10 +49,10 @@ class RolloutRunner:
 
     def __init__(
         self,
-        engine: VllmEngine,
+        engine: Engine,
         executor_id: str,
         capacity: int,
-        send: Send,
+        send: Reply,
         weight_version: int = 0,
         clock: Callable[[], float] = time.monotonic,
         *,

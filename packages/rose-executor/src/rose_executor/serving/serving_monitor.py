@@ -1,29 +1,17 @@
 """What the executor knows about its serving engine's latency, fed by vLLM's stat-logger hook.
 
-``ServingMonitor`` is the observer ``VllmEngine`` calls with vLLM's per-iteration stats; it keeps a
-``LatencyWindow``, counts finished requests and SLO violations, feeds the Prometheus histograms, and
-answers whether serving currently has headroom to lend.
+``ServingMonitor`` is the ``EngineStatsObserver`` the serving engine calls with vLLM's per-iteration stats;
+it keeps a ``LatencyWindow``, counts finished requests and SLO violations, feeds the Prometheus histograms,
+and answers whether serving currently has headroom to lend.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from rose_executor import metrics
-from rose_executor.latency_window import LatencySnapshot, LatencyWindow
-
-
-class EngineStatsObserver(Protocol):
-    """Receives vLLM's serving stats; called on the event loop thread after every engine iteration."""
-
-    def on_iteration(
-        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
-    ) -> None:
-        """``finished`` holds ``(ttft_s, mean_tpot_s)`` of each request that finished in the iteration."""
-
-    def on_scheduler(self, kv_usage_ratio: float) -> None: ...
+from rose_executor.serving.latency_window import LatencySnapshot, LatencyWindow
 
 
 def has_headroom(snapshot: LatencySnapshot, slo_ttft_s: float, slo_tpot_s: float, fraction: float) -> bool:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
-from rose_executor.latency_profile import (
+from rose_executor.engine.engine_protocol import Engine
+from rose_executor.engine.latency_profile import (
     EngineProfile,
     cached_profile,
     profile_engine,
@@ -28,23 +28,18 @@ from rose_executor.latency_profile import (
     vocab_size,
 )
 
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
-
 COLOCATED_REPEATS = 5
 LOAD_PROMPT_TOKENS = 64
 LOAD_MAX_TOKENS = 128
 LOAD_SEQUENCES = 8
 
 
-def colocated_key(serving: VllmEngine, rollout: VllmEngine) -> str:
+def colocated_key(serving: Engine, rollout: Engine) -> str:
     s, r = serving.spec, rollout.spec
     return f"colocated-{profile_key(Path(s.model_dir), s.dtype)}-with-{profile_key(Path(r.model_dir), r.dtype)}"
 
 
-async def load_or_profile_colocated(
-    serving: VllmEngine, rollout: VllmEngine, cache_dir: Path | None = None
-) -> EngineProfile:
+async def load_or_profile_colocated(serving: Engine, rollout: Engine, cache_dir: Path | None = None) -> EngineProfile:
     """The cached co-located serving profile of this pair of models on this device, or a fresh one."""
     key = colocated_key(serving, rollout)
 
@@ -73,7 +68,7 @@ def _pointwise_max(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> li
 class SaturatingLoad:
     """``LOAD_SEQUENCES`` (at most the engine's ``max_num_seqs``) rollout generations kept in flight."""
 
-    def __init__(self, engine: VllmEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._stopped = False
         self._tasks: list[asyncio.Task[None]] = []

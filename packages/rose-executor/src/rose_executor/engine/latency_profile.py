@@ -18,16 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
-
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+from rose_executor.engine.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
 PREFILL_TOKENS = (16, 128, 512)
@@ -81,7 +78,7 @@ def profile_key(model_dir: Path, dtype: str, device: str = "") -> str:
     return f"{model_dir.name}-{dtype}-{device}-{h.hexdigest()[:16]}".replace("/", "_")
 
 
-async def load_or_profile(engine: VllmEngine, cache_dir: Path | None = None) -> EngineProfile:
+async def load_or_profile(engine: Engine, cache_dir: Path | None = None) -> EngineProfile:
     """The cached profile of ``engine``'s model on this device, or a fresh one (then cached)."""
     spec = engine.spec
     key = profile_key(Path(spec.model_dir), spec.dtype)
@@ -104,7 +101,7 @@ async def cached_profile(
 
 
 async def profile_engine(
-    engine: VllmEngine,
+    engine: Engine,
     key: str,
     repeats: int = REPEATS,
     reduce: Callable[[list[float]], float] = statistics.median,
@@ -122,14 +119,14 @@ async def profile_engine(
     return EngineProfile(key=key, prefill_points=prefill, decode_points=decode, measured_at=time.time())
 
 
-async def _prefill_s(engine: VllmEngine, rng: np.random.Generator, vocab: int, tokens: int) -> float:
+async def _prefill_s(engine: Engine, rng: np.random.Generator, vocab: int, tokens: int) -> float:
     prompt = rng.integers(1, vocab, size=tokens).tolist()
     started = time.perf_counter()
     await engine.generate(_rid("prefill"), prompt, SamplingParams(max_tokens=1, temperature=0.0, logprobs=False))
     return time.perf_counter() - started
 
 
-async def _decode_step_s(engine: VllmEngine, rng: np.random.Generator, vocab: int, batch: int) -> float:
+async def _decode_step_s(engine: Engine, rng: np.random.Generator, vocab: int, batch: int) -> float:
     """(time of ``batch`` sequences for 1 + DECODE_STEPS tokens - time for 1 token) / generated steps."""
 
     async def run(max_tokens: int) -> tuple[float, int]:

@@ -13,14 +13,11 @@ import errno
 import logging
 import socket
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 import uvicorn
 
 from rose_core.errors import RoseError
-
-if TYPE_CHECKING:
-    from rose_executor.engine import VllmEngine
+from rose_executor.engine.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +72,7 @@ class OpenAIServer:
             self.port = int(self._sock.getsockname()[1])
         return self._sock
 
-    async def start(self, engine: VllmEngine, served_model_name: str = "") -> str:
+    async def start(self, engine: Engine, served_model_name: str = "") -> str:
         """Build vLLM's app on ``engine`` and serve it in the background; returns ``base_url``."""
         sock = self.reserve()
         self._sock = None

@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult
+from rose_core.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets
-from rose_executor.co_serving import CoServing
-from rose_executor.colocated_profile import guard_serving_model, load_or_profile_colocated
-from rose_executor.latency_profile import EngineProfile, load_or_profile
-from rose_executor.rollout_runner import RolloutRunner
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
+from rose_executor.engine.engine_protocol import Engine, GenerationOutput
+from rose_executor.engine.latency_profile import EngineProfile, load_or_profile
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class StatsCollector:
 class RolloutLoad:
     """Keeps ``ROLLOUT_CONCURRENCY`` long rollout turns submitted through a real ``RolloutRunner``."""
 
-    def __init__(self, engine: Any, guarded: bool) -> None:
+    def __init__(self, engine: Engine, guarded: bool) -> None:
         self.tokens = 0
         self._n = 0
         self._stopped = False
@@ -84,7 +85,7 @@ class RolloutLoad:
         prompt = (np.arange(ROLLOUT_PROMPT, dtype=np.int32) * 7 + self._n) % 150 + 3
         self.runner.submit(_turn(f"r{self._n}", prompt, ROLLOUT_TOKENS))
 
-    def _on_reply(self, msg: Any) -> None:
+    def _on_reply(self, msg: ToController) -> None:
         if isinstance(msg, TurnResult):
             self.tokens += len(msg.output_token_ids)
         if isinstance(msg, (TurnResult, TurnAborted)) and not self._stopped:
@@ -95,11 +96,11 @@ class RolloutLoad:
         await self.runner.abort_all("shutdown")
 
 
-async def serving_traffic(engine: Any, rps: float, seconds: float, seed: int) -> int:
+async def serving_traffic(engine: Engine, rps: float, seconds: float, seed: int) -> int:
     """Bursty open-loop traffic: bursts of 1-4 requests, burst gaps exponential at ``rps`` on average."""
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=SERVING_TOKENS, temperature=0.0, logprobs=False)
-    tasks: list[asyncio.Task[Any]] = []
+    tasks: list[asyncio.Task[GenerationOutput]] = []
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
@@ -153,7 +154,7 @@ def p99(values: Sequence[float]) -> float:
 
 
 async def measure(
-    serving: Any, rollout: Any, mode: str, rps: float, seconds: float, guard: CoServingGuard | None
+    serving: Engine, rollout: Engine, mode: str, rps: float, seconds: float, guard: CoServingGuard | None
 ) -> Window:
     stats = StatsCollector()
     serving.attach_observer(stats)
@@ -180,7 +181,7 @@ async def measure(
     return Window(p99(ttfts), p99(stats.itls), tokens / elapsed, stats.finished, stats.itls)
 
 
-async def rollout_alone_tokens_per_s(rollout: Any, seconds: float) -> float:
+async def rollout_alone_tokens_per_s(rollout: Engine, seconds: float) -> float:
     load = RolloutLoad(rollout, guarded=False)
     load.start()
     started = time.monotonic()
@@ -205,7 +206,7 @@ async def run_bench(
     models_dir: Path, seconds: float, slo_multiple: float = SLO_MULTIPLE, repeats: int = 3
 ) -> dict[str, Any]:
     from rose_core.rl.models import ensure_models
-    from rose_executor.engine import VllmEngine
+    from rose_executor.engine.vllm_engine import VllmEngine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     models = ensure_models(models_dir)
@@ -222,7 +223,7 @@ async def run_bench(
         rollout.shutdown()
 
 
-async def _bench(serving: Any, rollout: Any, seconds: float, slo_multiple: float, repeats: int) -> dict[str, Any]:
+async def _bench(serving: Engine, rollout: Engine, seconds: float, slo_multiple: float, repeats: int) -> dict[str, Any]:
     alone_profile, rollout_profile = await load_or_profile(serving), await load_or_profile(rollout)
     colocated = await load_or_profile_colocated(serving, rollout)
     cap = capacity_rps(alone_profile)
@@ -253,13 +254,13 @@ async def _bench(serving: Any, rollout: Any, seconds: float, slo_multiple: float
     return result
 
 
-async def _alone_windows(serving: Any, rollout: Any, seconds: float, cap: float) -> dict[str, Window]:
+async def _alone_windows(serving: Engine, rollout: Engine, seconds: float, cap: float) -> dict[str, Window]:
     return {name: await measure(serving, rollout, "alone", f * cap, seconds, None) for name, f in LEVELS.items()}
 
 
 async def _one_repeat(
-    serving: Any,
-    rollout: Any,
+    serving: Engine,
+    rollout: Engine,
     seconds: float,
     cap: float,
     slo: tuple[float, float],
@@ -314,7 +315,7 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
 
 
-async def activation(serving: Any, rollout: Any, guard: CoServingGuard) -> dict[str, Any]:
+async def activation(serving: Engine, rollout: Engine, guard: CoServingGuard) -> dict[str, Any]:
     """Inactive -> active: the rollout engine held by an idle guard (no turn, nothing reserved), one 64-token
     turn of 1 output token submitted; milliseconds to its result, against the same turn on an active engine."""
     inactive = await _turn_latencies(serving, rollout, guard)
@@ -330,11 +331,11 @@ async def activation(serving: Any, rollout: Any, guard: CoServingGuard) -> dict[
     }
 
 
-async def _turn_latencies(serving: Any, rollout: Any, guard: CoServingGuard | None) -> list[float]:
+async def _turn_latencies(serving: Engine, rollout: Engine, guard: CoServingGuard | None) -> list[float]:
     loop = asyncio.get_running_loop()
-    pending: list[asyncio.Future[Any]] = []
+    pending: list[asyncio.Future[ToController]] = []
 
-    def reply(msg: Any) -> None:
+    def reply(msg: ToController) -> None:
         pending[-1].set_result(msg)
 
     runner = RolloutRunner(rollout, "bench", 1, reply, guarded=guard is not None)
@@ -362,7 +363,7 @@ async def _turn_latencies(serving: Any, rollout: Any, guard: CoServingGuard | No
     return latencies
 
 
-def _turn(turn_id: str, prompt: Any, max_tokens: int) -> TurnRequest:
+def _turn(turn_id: str, prompt: np.ndarray, max_tokens: int) -> TurnRequest:
     return TurnRequest(
         turn_id=turn_id,
         trajectory_id=f"t-{turn_id}",

@@ -12,15 +12,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rose_core.errors import RoseError, require_extra
 from rose_core.messages import SamplingParams, TensorEntry
 from rose_core.policy import LiveRequest
-from rose_executor.serving_monitor import EngineStatsObserver
+from rose_executor.engine.engine_protocol import ActivityListener, EngineStatsObserver, GenerationOutput
+from rose_executor.engine.engine_spec import EngineSpec, Purpose
 
 with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm import SamplingParams as VllmSamplingParams
@@ -32,61 +32,17 @@ with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
 
 log = logging.getLogger(__name__)
-Purpose = Literal["serving", "rollout"]
-WORKER_EXTENSION = "rose_executor.worker_extension.RoseWorkerExtension"
+WORKER_EXTENSION = "rose_executor.engine.worker_extension.RoseWorkerExtension"
 _GIB = 1 << 30
 SHUTDOWN_TIMEOUT_S = 20.0
 """How long the engine-core process may take to exit before vLLM kills it (its own default is 5 s)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationOutput:
-    """One finished (or aborted) generation of one prompt."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    num_cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """How to build one engine; validated on construction.
-
-    On CPU, ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB), when set, overrides ``kv_cache_gib`` (vLLM's platform code).
-    """
-
-    model_dir: Path
-    purpose: Purpose = "rollout"
-    kv_cache_gib: float = 1.0
-    max_num_seqs: int = 16
-    max_model_len: int = 1024
-    enable_prefix_caching: bool = True
-    dtype: str = "bfloat16"
-    served_model_name: str = ""
-
-    def __post_init__(self) -> None:
-        if self.purpose not in ("serving", "rollout"):
-            raise RoseError(f"engine purpose must be 'serving' or 'rollout', not {self.purpose!r}")
-        if not (Path(self.model_dir) / "config.json").is_file():
-            raise RoseError(f"no model at {self.model_dir} (config.json missing): point the config at a model dir")
-        if self.kv_cache_gib <= 0 or self.max_num_seqs < 1 or self.max_model_len < 1:
-            raise RoseError("kv_cache_gib, max_num_seqs and max_model_len must be positive")
-
-    @property
-    def name(self) -> str:
-        return self.served_model_name or Path(self.model_dir).name
-
-    def has_tokenizer(self) -> bool:
-        root = Path(self.model_dir)
-        return (root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()
 
 
 class _RoseAsyncLLM(AsyncLLM):
     """vLLM's AsyncLLM that tells ROSE about every request added (the SLO guard reacts to a serving arrival
     at once instead of at its next control tick). Requests from the OpenAI app arrive here too."""
 
-    rose_listeners: list[Callable[[], None]]
+    rose_listeners: list[ActivityListener]
 
     async def add_request(self, *args: Any, **kwargs: Any) -> Any:
         queue = await super().add_request(*args, **kwargs)
@@ -96,13 +52,13 @@ class _RoseAsyncLLM(AsyncLLM):
 
 
 class VllmEngine:
-    """One vLLM v1 AsyncLLM and the operations the executor needs from it."""
+    """One vLLM v1 AsyncLLM and the operations the executor needs from it (the ``Engine`` protocol)."""
 
     def __init__(self, spec: EngineSpec, llm: AsyncLLM, relay: _StatsRelay | None = None) -> None:
         self.spec = spec
         self._llm: AsyncLLM | None = llm
         self._relay = relay
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[ActivityListener] = []
         if isinstance(llm, _RoseAsyncLLM):
             llm.rose_listeners = self._listeners
         if relay is not None:
@@ -143,6 +99,7 @@ class VllmEngine:
         The observer sees vLLM's stats from after the warm-up request on (or from ``attach_observer``). The
         serving engine always gets the stat relay, so per-request timestamps (``live_requests``) are kept.
         """
+        spec.require_model()
         args = _engine_args(spec)
         relay = _StatsRelay() if observer is not None or spec.purpose == "serving" else None
         loggers: list[StatLoggerFactory] | None = [relay.factory] if relay is not None else None
@@ -166,12 +123,12 @@ class VllmEngine:
             raise RoseError(f"the {self.spec.purpose} engine was started without stat logging; pass an observer")
         self._relay.observer = observer
 
-    def add_activity_listener(self, listener: Callable[[], None]) -> None:
+    def add_activity_listener(self, listener: ActivityListener) -> None:
         """Call ``listener()`` (on the event loop) whenever a request is added to this engine and, with stat
         logging, after every engine iteration in which a request finished."""
         self._listeners.append(listener)
 
-    def remove_activity_listener(self, listener: Callable[[], None]) -> None:
+    def remove_activity_listener(self, listener: ActivityListener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
@@ -344,7 +301,7 @@ class _StatsRelay:
 
     def __init__(self) -> None:
         self.observer: EngineStatsObserver | None = None
-        self.listeners: list[Callable[[], None]] = []
+        self.listeners: list[ActivityListener] = []
 
     def factory(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
         return _ObserverStatLogger(self, vllm_config, engine_index)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_executor import metrics
+from rose_executor.config import ExecutorConfig
+from rose_executor.engine.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +76,23 @@ class ServingFirstBudget:
         metrics.ROLLOUT_BUDGET_BYTES.set(self.policy.budget_bytes)
         metrics.ROLLOUT_BUDGET_FROZEN.set(0)
         return True
+
+
+def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
+    """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
+    if config.device_memory_bytes <= 0:
+        return None
+    serving = footprint(config.serving_model_dir, config.dtype)
+    rollout = footprint(config.policy_model_dir, config.dtype)
+    policy = MemoryPolicyConfig(
+        device_bytes=config.device_memory_bytes,
+        rollout_weight_bytes=rollout.weight_bytes,
+        headroom_fraction=config.memory_headroom_fraction,
+        high_watermark=config.memory_high_watermark,
+    )
+    return ServingFirstBudget(policy, serving, rollout)
+
+
+def footprint(model_dir: str, dtype: str) -> ModelFootprint:
+    root = Path(model_dir)
+    return ModelFootprint(count_parameters(root) * dtype_bytes(dtype), kv_bytes_per_token_of(root))

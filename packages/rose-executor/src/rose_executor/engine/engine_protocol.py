@@ -1,0 +1,99 @@
+"""The engine contract: what the rollout runner, the SLO guard, the weight updater, the serving endpoint, the
+profiler and the agent use of an engine, and the types that cross it. ``VllmEngine`` implements it on vLLM;
+``FakeEngine`` (the in-process twin for tests) on a latency model and a clock. No vllm types.
+
+Times: ``live_requests()`` stamps (arrival, last token) are on the engine's clock (``time.monotonic()`` for
+vLLM); the SLO guard must read ``now`` from the same clock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rose_core.messages import SamplingParams, TensorEntry
+from rose_core.policy import LiveRequest
+from rose_executor.engine.engine_spec import EngineSpec
+
+ActivityListener = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOutput:
+    """One finished (or aborted) generation of one prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    num_cached_tokens: int
+
+
+class EngineStatsObserver(Protocol):
+    """Receives the engine's serving stats; called on the event loop thread after every engine iteration."""
+
+    def on_iteration(
+        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
+    ) -> None:
+        """``finished`` holds ``(ttft_s, mean_tpot_s)`` of each request that finished in the iteration."""
+
+    def on_scheduler(self, kv_usage_ratio: float) -> None: ...
+
+
+class Engine(Protocol):
+    """One inference engine on this host, as the executor drives it."""
+
+    @property
+    def spec(self) -> EngineSpec: ...
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine died (the agent stops)."""
+        ...
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams
+    ) -> GenerationOutput:
+        """Run one prompt to completion; an abort returns what was generated with reason ``abort``; cancelling
+        the call aborts the request."""
+        ...
+
+    async def abort(self, request_id: str | Sequence[str]) -> None: ...
+
+    async def pause(self, *, keep_requests: bool = False, clear_cache: bool = False) -> None:
+        """Stop scheduling between two steps: abort what runs (default) or freeze it until ``resume``."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def is_paused(self) -> bool: ...
+
+    def live_requests(self) -> list[LiveRequest]:
+        """The requests in flight now, stamped on the engine's clock."""
+        ...
+
+    def num_unfinished_requests(self) -> int: ...
+
+    def add_activity_listener(self, listener: ActivityListener) -> None:
+        """Call ``listener()`` on every request added and after every engine iteration that finished one."""
+        ...
+
+    def remove_activity_listener(self, listener: ActivityListener) -> None: ...
+
+    def attach_observer(self, observer: EngineStatsObserver) -> None:
+        """Start forwarding per-iteration serving stats to ``observer``."""
+        ...
+
+    async def reload_weights(self, path: str | os.PathLike[str], entries: Sequence[TensorEntry]) -> float:
+        """Load a whole weight version (flat file + entries) in place, between ``pause`` and ``resume``; the
+        prefix cache is dropped. Returns seconds."""
+        ...
+
+    async def openai_app(self, served_model_name: str = "") -> Any:
+        """An OpenAI-compatible ASGI app bound to this engine (vLLM's own FastAPI app), not yet listening."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine; safe to call twice."""
+        ...

@@ -1,0 +1,60 @@
+"""What the executor agent tests share, whether the agent runs in its own process over ZMQ (``test_agent``) or
+on this event loop over the in-process twins (``test_agent_twin``): the turns they send and the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rose_core.messages import SamplingParams, TurnRequest
+from rose_executor.memory.serving_first_budget import footprint
+
+PROMPT = np.array([7, 21, 33, 45, 58, 61, 70, 85, 99], dtype=np.int32)
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+LONG = SamplingParams(max_tokens=900, temperature=0.0)
+ROLLOUT_SEQ_BYTES = (len(PROMPT) + LONG.max_tokens) * 512  # the policy's KV bytes per token
+
+
+def memory_settings(policy: Path, serving: Path) -> dict[str, object]:
+    """A device share whose rollout budget holds 2.5 long rollout turns (one after the 2x cut), and a high
+    watermark so low (5% of the 20% headroom, ~58 KB here) that a serving request reserving 300 tokens (2 KiB of
+    KV each) crosses it while the short ones of the other tests (7 tokens) do not."""
+    weights = footprint(str(serving), "bfloat16").weight_bytes + footprint(str(policy), "bfloat16").weight_bytes
+    device = int((2.5 * ROLLOUT_SEQ_BYTES + weights) / 0.8)
+    return {"device_memory_bytes": device, "memory_high_watermark": 0.05}
+
+
+def write_config(
+    path: Path, policy: Path, serving: Path, port: int, profiles: Path | None = None, **extra: object
+) -> Path:
+    lines = [
+        f'policy_model_dir = "{policy}"',
+        f'serving_model_dir = "{serving}"',
+        'serving_model_name = "prod"',
+        f"serving_port = {port}",
+        "kv_cache_gib = 0.5",
+        "rollout_capacity = 2",
+        "max_model_len = 1024",
+        # An SLO no request can meet: serving traffic takes the headroom away for `latency_window_s`.
+        "slo_ttft_ms = 0.001",
+        "slo_tpot_ms = 0.001",
+        "latency_window_s = 2.0",
+        f'weight_stage_dir = "{path.parent / "stage"}"',
+        f'profile_cache_dir = "{profiles or path.parent / "profiles"}"',
+        *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def turn(turn_id: str, version: int = 0, sampling: SamplingParams = GREEDY, prompt: np.ndarray = PROMPT) -> TurnRequest:
+    return TurnRequest(
+        turn_id=turn_id,
+        trajectory_id=f"traj-{turn_id}",
+        attempt=0,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        min_version=version,
+        max_version=version,
+    )

@@ -1,0 +1,216 @@
+"""The executor agent's message handling on this event loop, over the in-process twins: the control channel is
+rose-core's ``InProcessServer`` / ``InProcessClient`` (real framing and auth, no sockets) and the engines are
+``FakeEngine``s on the wall clock (the agent's own loops run in real time). What is about vLLM, ZMQ and the
+process (endpoint, weight reload, signals, orphans, exit codes) stays in ``test_agent``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from rose_core.inprocess_channel import InProcessClient, InProcessServer
+from rose_core.messages import (
+    CancelTurn,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Register,
+    SamplingParams,
+    Shutdown,
+    StepStarted,
+    TurnAborted,
+    TurnResult,
+    WeightAnnounce,
+    WeightApplied,
+    Welcome,
+)
+from rose_core.metrics import free_port
+from rose_core.policy import LatencyModel
+from rose_executor.agent import AgentOptions, ExecutorAgent
+from rose_executor.config import load_executor_config
+from rose_executor.engine.engine_protocol import GenerationOutput
+from rose_executor.engine.fake_engine import FakeEngine, FakeEngineLauncher
+
+from .conftest import SECRET
+from .controller_peer import ControllerPeer
+from .executor_setup import LONG, memory_settings, turn, write_config
+
+MODELS = {
+    "serving": LatencyModel(0.002, 10e-6, 0.001, 0.0001),
+    "rollout": LatencyModel(0.002, 10e-6, 0.001, 0.0001),
+}
+_requests = count()
+
+
+@dataclass
+class TwinExecutor:
+    agent: ExecutorAgent
+    task: asyncio.Task[int]
+    controller: ControllerPeer
+    register: Register
+    launcher: FakeEngineLauncher
+    stage_dir: Path
+
+    @property
+    def serving(self) -> FakeEngine:
+        return self.launcher.engines[0]
+
+    async def serve(self, prompt: list[int], max_tokens: int) -> GenerationOutput:
+        """One production request on the serving engine (what the OpenAI endpoint would submit)."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        return await self.serving.generate(f"serve-{next(_requests)}", prompt, params)
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("twin-profiles")  # the twins' profiles, measured once per module
+
+
+@pytest_asyncio.fixture
+async def executor(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path) -> AsyncIterator[TwinExecutor]:
+    memory = memory_settings(policy_dir, serving_dir)
+    path = write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles, **memory)
+    server = InProcessServer(SECRET)
+    controller = ControllerPeer(SECRET, server)
+    launcher = FakeEngineLauncher(MODELS)
+    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-1", secret=SECRET)
+    agent = ExecutorAgent(load_executor_config(path), options, launcher, connect=InProcessClient)
+    task = asyncio.create_task(agent.run())
+    try:
+        hello = await controller.arrival(Hello, timeout=10)
+        assert (hello.peer_id, hello.kind) == ("ex-1", "executor")
+        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        register = await controller.arrival(Register, timeout=60)
+        yield TwinExecutor(agent, task, controller, register, launcher, tmp_path / "stage")
+    finally:
+        agent.request_stop("test over")
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+        server.close()
+
+
+async def test_register_describes_the_host(executor: TwinExecutor) -> None:
+    reg = executor.register
+    assert (reg.executor_id, reg.role, reg.device, reg.weight_version) == ("ex-1", "serving", "cpu", 0)
+    assert reg.rollout_capacity == 2
+    assert [(m.purpose, m.name) for m in reg.models] == [("serving", "prod"), ("rollout", "policy")]
+    assert reg.models[1].parameters > 0 and reg.models[1].kv_bytes_per_token == 512
+    assert reg.serving_endpoint.startswith("http://127.0.0.1:") and reg.serving_endpoint.endswith("/v1")
+    assert reg.memory_bytes > 1 << 30
+    assert [e.spec.purpose for e in executor.launcher.engines] == ["serving", "rollout"]
+
+
+async def test_heartbeats_carry_the_load(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    first = await peer.arrival(Heartbeat, timeout=5)
+    second = await peer.arrival(Heartbeat, timeout=5)
+    assert second.seq > first.seq and second.executor_id == "ex-1"
+    load = second.load
+    assert (load.weight_version, load.rollout_capacity, load.slo_headroom, load.state) == (0, 2, True, "ready")
+
+
+async def test_rollout_waits_for_serving_headroom(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    await executor.serve([9, 8, 7], 4)
+    peer.send(turn("held"))
+    beat = await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.state == "held")
+    assert not beat.load.slo_headroom and beat.load.rollout_in_flight == 1
+    result = await peer.arrival(TurnResult, where=lambda r: r.turn_id == "held")
+    assert result.queue_seconds > 0.5  # held until the violating samples left the 2 s window
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.slo_headroom and h.load.state == "ready")
+
+
+async def test_turn_result_carries_the_version(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    peer.send(turn("t1"))
+    result = await peer.arrival(TurnResult, where=lambda r: r.turn_id == "t1")
+    assert (result.executor_id, result.weight_version, result.attempt) == ("ex-1", 0, 0)
+    assert result.output_token_ids.dtype == np.int32 and result.output_logprobs.dtype == np.float32
+    assert 1 <= len(result.output_token_ids) == len(result.output_logprobs) <= 10
+    assert result.finish_reason in ("length", "stop") and result.run_seconds > 0
+    beat = await peer.arrival(Heartbeat, timeout=5)
+    assert "traj-t1" in beat.load.warm_trajectories
+    assert beat.load.rollout_tokens_total >= len(result.output_token_ids)
+
+
+async def test_wrong_version_and_capacity_are_refused(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    peer.send(turn("t-v5", version=5))
+    aborted = await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "t-v5")
+    assert aborted.reason == "version"
+    long = SamplingParams(max_tokens=200, temperature=0.0)
+    for name in ("c1", "c2", "c3"):
+        peer.send(turn(name, sampling=long))
+    refused = await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "c3")
+    assert refused.reason == "capacity"
+    for name in ("c1", "c2"):
+        await peer.arrival(TurnResult, where=lambda r, name=name: r.turn_id == name)
+
+
+async def test_cancel_turn_gets_no_reply(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    peer.send(turn("x1", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(CancelTurn(turn_id="x1", attempt=0))
+    await peer.quiet(1.5, where=lambda m: getattr(m, "turn_id", "") == "x1")
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 0)
+
+
+async def test_memory_cut_aborts_and_freezes_until_the_next_step(executor: TwinExecutor) -> None:
+    """Serving traffic crosses the high watermark: one 2x cut, the youngest rollout turn that no longer fits
+    is given back as ``memory``, the budget stays frozen (new long turns refused) until StepStarted."""
+    peer = executor.controller
+    for name in ("m1", "m2"):
+        peer.send(turn(name, sampling=LONG))
+    await peer.arrival(
+        Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 2 and not h.load.rollout_budget_frozen
+    )
+    await executor.serve([4, 5, 6], 300)
+    aborted = await peer.arrival(TurnAborted, timeout=10, where=lambda a: a.turn_id in ("m1", "m2"))
+    assert aborted.reason == "memory"
+    survivor = "m2" if aborted.turn_id == "m1" else "m1"
+    assert (await peer.arrival(Heartbeat, timeout=5)).load.rollout_budget_frozen
+    peer.send(turn("m3", sampling=LONG))  # one long turn already holds the whole cut budget
+    assert (await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "m3")).reason == "memory"
+    await peer.arrival(TurnResult, where=lambda r: r.turn_id == survivor)
+    peer.send(StepStarted(step=1, weight_version=0))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: not h.load.rollout_budget_frozen)
+    peer.send(turn("m4", sampling=LONG))
+    await peer.arrival(TurnResult, where=lambda r: r.turn_id == "m4")
+
+
+async def test_failed_fetch_keeps_the_version(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    peer.send(WeightAnnounce(version=2, step=2, source=f"tcp://127.0.0.1:{free_port()}"))
+    failed = await peer.arrival(WeightApplied, timeout=60, where=lambda w: w.version == 2)
+    assert not failed.ok and "cannot fetch weight version 2" in failed.error
+    peer.send(StepStarted(step=2, weight_version=0))
+    beat = await peer.arrival(Heartbeat, timeout=5)
+    assert beat.load.weight_version == 0 and beat.load.state == "ready"
+
+
+async def test_shutdown_says_goodbye_and_gives_turns_back(executor: TwinExecutor) -> None:
+    peer = executor.controller
+    peer.send(turn("last", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(Shutdown(reason="test over"))
+    given_back = await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "last")
+    assert given_back.reason == "shutdown"
+    goodbye = await peer.arrival(Goodbye, timeout=10)
+    assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
+    assert await asyncio.wait_for(executor.task, 30) == 0
+    assert all(e.num_unfinished_requests() == 0 for e in executor.launcher.engines)
+    assert not executor.stage_dir.exists()
+
+
+async def test_a_dead_engine_stops_the_agent_with_exit_1(executor: TwinExecutor) -> None:
+    executor.launcher.engines[1].errored = True
+    goodbye = await executor.controller.arrival(Goodbye, timeout=10)
+    assert "engine died" in goodbye.reason
+    assert await asyncio.wait_for(executor.task, 30) == 1
