@@ -31,15 +31,9 @@ __all__ = [
     "SchedulerConfig",
     "SloConfig",
     "load_config",
-    "parse_config",
     "require_fraction",
     "require_positive",
 ]
-
-parse_config = parse_toml
-"""The former name of ``rose_core.config_support.parse_toml`` (``rose_core.sim`` and ``rose_executor`` still
-import it from here); new code imports ``config_support``."""
-
 
 class ControllerConfig(ConfigSection):
     host: str = "127.0.0.1"

@@ -4,39 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
 
 from rose_core.auth import load_secret
-from rose_core.errors import RoseError
+from rose_core.cli_support import RoseGroup, setup_logging
 from rose_core.messages import WeightAnnounce
 from rose_transfer._version import __version__
 
 MIB = 1024 * 1024
 
 
-class _TransferGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except RoseError as exc:
-            click.echo(f"rose-transfer: error: {exc}", err=True)
-            sys.exit(2)
-
-
-@click.group(cls=_TransferGroup)
+@click.group(cls=RoseGroup, program="rose-transfer")
 @click.version_option(__version__, prog_name="rose-transfer")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """ROSE weight transfer: move weight versions from a trainer to rollout engines."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
 
 
 @main.command()
