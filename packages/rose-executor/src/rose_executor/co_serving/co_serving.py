@@ -2,8 +2,9 @@
 engines show and turn their decisions into vLLM calls (start queued rollout turns, pause/resume the rollout
 engine, abort rollout requests on a memory cut).
 
-One implementation, two drivers: ``DualSlackAdmission`` and ``ServingFirstMemory`` are rose-core's pure
-policies; the simulator drives the same objects with simulated time.
+One implementation, several drivers: ``CoServingGuard`` (the co-serving decision) and ``ServingFirstMemory``
+are rose-core's pure policies; ``rose sim`` and the GPU admission bench drive the same objects with their own
+time.
 """
 
 from __future__ import annotations
