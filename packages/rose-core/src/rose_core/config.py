@@ -14,7 +14,6 @@ import msgspec
 from rose_core.config_support import (
     ConfigSection,
     load_toml,
-    parse_toml,
     require_fraction,
     require_non_negative,
     require_port,
