@@ -174,3 +174,51 @@ def test_weight_announce_waits_for_every_executor(controller: Controller) -> Non
         done = controller.announce_weights(ann, timeout=5)
         assert done["d1"].bytes_received == 123
         assert controller.scheduler.workers["d1"].weight_version == 1
+
+
+def test_weight_sync_breakdown_adds_up_per_executor(controller: Controller, clock: FakeClock) -> None:
+    """Each executor reports its transfer and apply; the controller's clock gives the rest as its wait."""
+    def replier(eid: str, pass_s: float, transfer_s: float, apply_s: float) -> ClientCallback:
+        def apply(_peer: bytes, msg: m.FromController) -> None:
+            if isinstance(msg, m.WeightAnnounce):
+                clock.now += pass_s  # the controller's clock moves on while this executor works
+                peers[eid].send(m.WeightApplied(
+                    executor_id=eid, version=msg.version, seconds=transfer_s + apply_s, bytes_received=100,
+                    queue_seconds=0.01, transfer_seconds=transfer_s, apply_seconds=apply_s, abort_seconds=0.02,
+                    pause_seconds=0.03, reload_seconds=0.04, resume_seconds=0.05, aborted_turns=2))
+        return apply
+
+    peers: dict[str, InProcessClient] = {}
+    peers["d1"] = join(controller, "d1", on_message=replier("d1", 1.0, 0.2, 0.5))
+    peers["d2"] = join(controller, "d2", on_message=replier("d2", 0.5, 0.3, 0.1))
+    with peers["d1"], peers["d2"]:
+        ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1")
+        controller.announce_weights(ann, timeout=5, publish_s=0.25, export_s=0.05)
+        sync = controller.last_sync
+        # d1's announce went out at 100.0, d2's at 101.0; both replies are handled at 101.5.
+        d1, d2 = sync.executors["d1"], sync.executors["d2"]
+        assert (d1.elapsed_s, d1.transfer_s, d1.apply_s, d1.wait_s) == pytest.approx((1.5, 0.2, 0.5, 0.8))
+        assert (d2.elapsed_s, d2.transfer_s, d2.apply_s, d2.wait_s) == pytest.approx((0.5, 0.3, 0.1, 0.1))
+        assert (d1.bytes_received, d1.queue_s, d1.reload_s, d1.aborted_turns) == (100, 0.01, 0.04, 2)
+        assert (sync.publish_s, sync.export_s, sync.announce_s) == pytest.approx((0.25, 0.05, 1.5))
+        assert (sync.transfer_s, sync.apply_s, sync.wait_s) == pytest.approx((0.3, 0.5, 0.8))  # max of each
+        assert sync.last == "d1"
+        assert controller.weight_sync == (pytest.approx(1.75), 200)
+        snap = controller.snapshot(clock.now)
+        assert snap.weight_sync_seconds == pytest.approx(1.75)
+        assert (snap.weight_sync_publish_seconds, snap.weight_sync_transfer_seconds, snap.weight_sync_apply_seconds,
+                snap.weight_sync_wait_seconds) == pytest.approx((0.25, 0.3, 0.5, 0.8))
+
+
+def test_weight_sync_from_an_executor_without_the_parts(controller: Controller, clock: FakeClock) -> None:
+    """An older executor sends no parts: all of its time shows as wait, nothing is made up."""
+    def apply(_peer: bytes, msg: m.FromController) -> None:
+        if isinstance(msg, m.WeightAnnounce):
+            clock.now += 0.4
+            d1.send(m.WeightApplied(executor_id="d1", version=msg.version, seconds=0.3, bytes_received=7))
+
+    with join(controller, "d1", on_message=apply) as d1:
+        controller.announce_weights(m.WeightAnnounce(version=1, step=1, source="tcp://x:1"), timeout=5)
+        part = controller.last_sync.executors["d1"]
+        assert (part.transfer_s, part.apply_s, part.wait_s) == pytest.approx((0.0, 0.0, 0.4))
+        assert controller.last_sync.publish_s == 0.0

@@ -16,6 +16,7 @@ from rose_executor.engine.fake_engine import FakeEngine
 from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.rollout.rollout_runner import RolloutRunner
 from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_transfer import DensePublisher
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
 
@@ -98,8 +99,11 @@ async def test_a_weight_swap_gives_turns_back_and_reloads_in_place(tmp_path: Pat
     try:
         runner.submit(turn("busy", max_tokens=900))
         await clock.advance(0.05)
-        seconds = await updater.apply(tmp_path / "v1.bin", [], 1)
-        assert seconds == 0.0 and runner.weight_version == 1 and not updater.updating
+        times = await updater.apply(tmp_path / "v1.bin", [], 1)
+        assert runner.weight_version == 1 and not updater.updating
+        assert times.aborted_turns == 1
+        parts = (times.abort_s, times.pause_s, times.reload_s, times.resume_s)
+        assert min(parts) >= 0 and sum(parts) <= times.seconds
         assert [m.reason for m in replies(sent, "busy")] == ["weight_update"]
         assert engine.calls == ["pause(keep=False, clear_cache=True)", "reload_weights", "resume"]
         runner.submit(turn("old", version=0))
@@ -110,4 +114,31 @@ async def test_a_weight_swap_gives_turns_back_and_reloads_in_place(tmp_path: Pat
         await asyncio.sleep(0)
         assert not [m for m in sent if isinstance(m, WeightApplied)]  # apply() itself does not reply
     finally:
+        await updater.close()
+
+
+async def test_weight_applied_says_where_the_seconds_went(tmp_path: Path) -> None:
+    """A whole update through rose-transfer onto the twin: the reply's parts are there and fit its whole."""
+    runner, engine, clock, sent = setup()
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=b"s" * 32, stage_dir=tmp_path, send=sent.append)
+    publisher = DensePublisher(secret=b"s" * 32, host="127.0.0.1", port=0)
+    try:
+        runner.submit(turn("busy", max_tokens=900))
+        await clock.advance(0.05)
+        announce = publisher.publish(1, step=1, tensors={"w": np.arange(4096, dtype=np.float32)})
+        updater.announce(announce)
+        for _ in range(2000):
+            if any(isinstance(m, WeightApplied) for m in sent):
+                break
+            await asyncio.sleep(0.01)
+        applied = next(m for m in sent if isinstance(m, WeightApplied))
+        assert (applied.ok, applied.version, applied.error) == (True, 1, "")
+        assert applied.bytes_received >= 4096 * 4 and applied.aborted_turns == 1
+        parts = (applied.abort_seconds, applied.pause_seconds, applied.reload_seconds, applied.resume_seconds)
+        assert min(parts) >= 0 and sum(parts) <= applied.apply_seconds
+        assert applied.queue_seconds >= 0 and applied.transfer_seconds > 0
+        assert applied.transfer_seconds + applied.apply_seconds <= applied.seconds
+        assert engine.calls == ["pause(keep=False, clear_cache=True)", "reload_weights", "resume"]
+    finally:
+        publisher.close()
         await updater.close()

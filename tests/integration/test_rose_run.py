@@ -67,3 +67,21 @@ def test_serving_endpoint_answered_throughout(run_report: dict) -> None:
 
 def test_per_step_table_is_printed(run_report: dict) -> None:
     assert "reward" in run_report["_stdout"] and "TTFT p99 ms" in run_report["_stdout"]
+
+
+def test_every_step_says_where_its_weight_sync_went(run_report: dict) -> None:
+    """Structure only (no timing threshold): the parts are there, non-negative, and fit the step's sync."""
+    executors = {e["executor_id"] for e in run_report["executors"]}
+    for step in run_report["steps"]:
+        sync = step["sync_breakdown"]
+        assert set(sync["executors"]) == executors
+        for part in ("publish_s", "export_s", "announce_s", "transfer_s", "apply_s", "wait_s"):
+            assert sync[part] >= 0, part
+        assert sync["export_s"] <= sync["publish_s"]
+        assert sync["publish_s"] + sync["announce_s"] <= step["sync_seconds"] + 1e-6
+        for parts in sync["executors"].values():
+            assert min(parts[k] for k in ("transfer_s", "apply_s", "wait_s", "reload_s", "queue_s")) >= 0
+            assert parts["bytes_received"] > 0
+            assert parts["reload_s"] <= parts["apply_s"] and parts["queue_s"] <= parts["wait_s"] + 1e-6
+            assert sync["publish_s"] + parts["transfer_s"] + parts["apply_s"] + parts["wait_s"] <= (
+                step["sync_seconds"] + 1e-6)

@@ -47,6 +47,7 @@ async def test_snapshot_fills_the_dashboard() -> None:
         assert label_text(app, "#step-turns") == "turns 17 in flight · 5 queued"
         assert "reward mean +0.375" in label_text(app, "#step-reward")
         assert label_text(app, "#weight-sync") == "last weight sync 1.84 s · 350 MiB"
+        assert label_text(app, "#weight-sync-parts") == "publish 0.05 · transfer 0.41 · apply 0.90 · wait 0.48 s"
 
         ttft = app.screen.query_one("#ttft", SloGauge)
         tpot = app.screen.query_one("#tpot", SloGauge)

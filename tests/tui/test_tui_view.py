@@ -75,7 +75,10 @@ def test_step_slo_sync_and_history() -> None:
     assert view.ttft.value.level == "bad"  # the worst serving executor is past the SLO
     assert view.ttft.slo == "250 ms"
     assert view.tpot.value.level == "warn"
-    assert view.weight_sync.text == "last weight sync 1.84 s · 350 MiB"
+    assert view.weight_sync.text == (
+        "last weight sync 1.84 s · 350 MiB (publish 0.05 · transfer 0.41 · apply 0.90 · wait 0.48)"
+    )
+    assert view.weight_sync.headline == "last weight sync 1.84 s · 350 MiB"
     assert [row.key for row in view.history] == ["3", "2", "1", "0"]  # newest first
     newest = view.history[0]
     assert newest.cell(HISTORY_COLUMNS, "trajectories").text == "64/64"
@@ -92,6 +95,14 @@ def test_without_step_or_serving() -> None:
     assert view.ttft.value.text == "-" and view.ttft.trend == ()
     assert view.weight_sync.text == "weight sync: none yet"
     assert fleet_latency_p99(snapshot.executors) == (None, None)
+
+
+def test_weight_sync_from_a_controller_without_its_parts() -> None:
+    snapshot = make_snapshot()
+    snapshot.weight_sync_publish_seconds = snapshot.weight_sync_transfer_seconds = 0.0
+    snapshot.weight_sync_apply_seconds = snapshot.weight_sync_wait_seconds = 0.0
+    sync = DashboardModel().update(snapshot).weight_sync
+    assert (sync.text, sync.breakdown) == ("last weight sync 1.84 s · 350 MiB", "")
 
 
 def test_trends_are_bounded_and_ordered() -> None:

@@ -107,6 +107,10 @@ def make_snapshot(t: float = 12.0, *, step: int = 4, finished: bool = False) -> 
         weight_sync_bytes=367_001_600,
         history=history,
         finished=finished,
+        weight_sync_publish_seconds=0.05,
+        weight_sync_transfer_seconds=0.41,
+        weight_sync_apply_seconds=0.9,
+        weight_sync_wait_seconds=0.48,
     )
 
 

@@ -59,7 +59,7 @@ def controller(config_path: str | None, steps: int | None, report_path: str | No
 def _run_job(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool,
              *, spawn: bool, secret_file: str | None) -> None:
     from rose_core.run.rose_run import run as run_job
-    from rose_core.run.run_report import format_table, step_row
+    from rose_core.run.run_report import format_table, step_row, sync_summary
 
     config = load_config(config_path)
     if steps is not None:
@@ -94,7 +94,7 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_summary(data, report_path)
+        _print_summary(data, report_path, sync_summary(report.steps))
     sys.exit(0 if report.ok else 1)
 
 
@@ -108,7 +108,7 @@ def _progress_printer(enabled: bool) -> Callable[[StepStatus], None]:
     return show
 
 
-def _print_summary(data: dict[str, Any], report_path: str | None) -> None:
+def _print_summary(data: dict[str, Any], report_path: str | None, sync_line: str = "") -> None:
     click.echo(
         f"\nok={data['ok']}  lost_trajectories={data['lost_trajectories']}  "
         f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']}  "
@@ -116,6 +116,8 @@ def _print_summary(data: dict[str, Any], report_path: str | None) -> None:
         f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
         f"TPOT<={data['slo_tpot_ms']:.0f}ms)"
     )
+    if sync_line:
+        click.echo(sync_line)
     if data["error"]:
         click.echo(f"stopped early: {data['error']}")
     if report_path:

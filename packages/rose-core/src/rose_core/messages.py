@@ -180,6 +180,21 @@ class WeightApplied(_Msg, tag="weight_applied"):
     bytes_received: int
     ok: bool = True
     error: str = ""
+    # Where ``seconds`` went, measured by the executor (all 0.0 from executors that predate them):
+    queue_seconds: float = 0.0
+    """From the announce reaching the weight updater to its fetch starting (behind an update in progress,
+    or the event loop)."""
+    transfer_seconds: float = 0.0
+    """The fetch: manifest and buckets into the staged file."""
+    apply_seconds: float = 0.0
+    """From fetched to resumed: give in-flight turns back, pause, reload, resume (the four below and the
+    bookkeeping between them)."""
+    abort_seconds: float = 0.0
+    pause_seconds: float = 0.0
+    reload_seconds: float = 0.0
+    resume_seconds: float = 0.0
+    aborted_turns: int = 0
+    """In-flight turns given back (``weight_update``) to apply this version."""
 
 
 class StepStarted(_Msg, tag="step_started"):
@@ -298,6 +313,12 @@ class StatusSnapshot(_Msg, tag="status"):
     finished: bool = False
     started_at: float = 0.0
     """Wall-clock time (epoch seconds) the controller started; ``time - started_at`` is the run's age."""
+    weight_sync_publish_seconds: float = 0.0
+    """The last sync's parts (``weight_sync_seconds`` is their whole): trainer export and publish, then the
+    slowest executor's (max over executors) transfer, apply and wait; see ``docs/controller.md``."""
+    weight_sync_transfer_seconds: float = 0.0
+    weight_sync_apply_seconds: float = 0.0
+    weight_sync_wait_seconds: float = 0.0
 
 
 # ---------------------------------------------------------------- channel unions

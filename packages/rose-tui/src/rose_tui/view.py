@@ -123,16 +123,31 @@ class SloGaugeView:
         return f"{self.name} p99 {self.value.text}  SLO {self.slo}"
 
 
+SYNC_PARTS = ("publish", "transfer", "apply", "wait")
+"""The parts of a weight sync, in the order they happen (``StatusSnapshot.weight_sync_*_seconds``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WeightSyncView:
     seconds: str = DASH
     size: str = DASH
+    parts: tuple[tuple[str, str], ...] = ()
+    """``(name, seconds)`` of the parts in ``SYNC_PARTS`` order; empty from a controller that sends none."""
 
     @property
-    def text(self) -> str:
+    def headline(self) -> str:
         if self.seconds == DASH:
             return "weight sync: none yet"
         return f"last weight sync {self.seconds} · {self.size}"
+
+    @property
+    def breakdown(self) -> str:
+        """``publish 0.05 · transfer 0.04 · apply 0.90 · wait 0.73`` (seconds), or empty."""
+        return " · ".join(f"{name} {value}" for name, value in self.parts)
+
+    @property
+    def text(self) -> str:
+        return f"{self.headline} ({self.breakdown})" if self.breakdown else self.headline
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +278,16 @@ def step_view(step: StepStatus | None) -> StepView:
 def weight_sync_view(snapshot: StatusSnapshot) -> WeightSyncView:
     if snapshot.weight_sync_seconds <= 0 and snapshot.weight_sync_bytes <= 0:
         return WeightSyncView()
-    return WeightSyncView(format_seconds(snapshot.weight_sync_seconds), format_bytes(snapshot.weight_sync_bytes))
+    values = (
+        snapshot.weight_sync_publish_seconds,
+        snapshot.weight_sync_transfer_seconds,
+        snapshot.weight_sync_apply_seconds,
+        snapshot.weight_sync_wait_seconds,
+    )
+    parts = tuple(zip(SYNC_PARTS, (f"{v:.2f}" for v in values), strict=True)) if any(v > 0 for v in values) else ()
+    return WeightSyncView(
+        format_seconds(snapshot.weight_sync_seconds), format_bytes(snapshot.weight_sync_bytes), parts
+    )
 
 
 def history_row(step: StepStatus) -> TableRow:

@@ -20,6 +20,7 @@ from rose_core.config import RunConfig
 from rose_core.control_endpoint import ServerEndpoint
 from rose_core.controller import controller_metrics as metrics
 from rose_core.controller.executor_record import ExecutorRecord
+from rose_core.controller.weight_sync import ExecutorSync, SyncBreakdown
 from rose_core.messages import (
     PROTOCOL_VERSION,
     ErrorReport,
@@ -91,6 +92,7 @@ class Controller:
         self.step_status: StepStatus | None = None
         self.history: list[StepStatus] = []
         self.weight_sync = (0.0, 0)
+        self.last_sync = SyncBreakdown()
         self.finished = False
         self._peers: dict[bytes, str] = {}
         self._observers: set[bytes] = set()
@@ -137,11 +139,18 @@ class Controller:
                 alive()
             self.pump(0.1)
 
-    def announce_weights(self, announce: WeightAnnounce, timeout: float) -> dict[str, WeightApplied]:
-        """Send a new version to every executor and wait until each applied it (or failed, or left)."""
+    def announce_weights(
+        self, announce: WeightAnnounce, timeout: float, *, publish_s: float = 0.0, export_s: float = 0.0
+    ) -> dict[str, WeightApplied]:
+        """Send a new version to every executor and wait until each applied it (or failed, or left).
+
+        ``publish_s`` (of which ``export_s`` is the trainer's export): what the caller spent making the version
+        fetchable before this call; the sync's whole and its breakdown (``last_sync``) count it."""
         started = self.clock()
         targets = {eid: rec.peer for eid, rec in self.executors.items() if rec.state != "gone"}
-        for peer in targets.values():
+        sent_at: dict[str, float] = {}
+        for eid, peer in targets.items():
+            sent_at[eid] = self.clock()
             self.server.send(peer, announce)
         while True:
             done = {eid: rec.applied[announce.version] for eid, rec in self.executors.items()
@@ -152,7 +161,11 @@ class Controller:
             if self.clock() - started > timeout:
                 raise TimeoutError(f"executors {pending} did not apply weight version {announce.version} in {timeout:.0f}s")
             self.pump(0.05)
-        seconds = self.clock() - started
+        announce_s = self.clock() - started
+        parts = {eid: ExecutorSync.of(a, self.executors[eid].applied_at[announce.version] - sent_at[eid])
+                 for eid, a in done.items() if eid in sent_at}
+        self.last_sync = SyncBreakdown.of(parts, publish_s=publish_s, export_s=export_s, announce_s=announce_s)
+        seconds = self.last_sync.seconds
         total = sum(a.bytes_received for a in done.values())
         self.weight_sync = (seconds, total)
         metrics.WEIGHT_VERSION.set(announce.version)
@@ -188,6 +201,10 @@ class Controller:
             history=self.history[-50:],
             finished=self.finished,
             started_at=self.started_at,
+            weight_sync_publish_seconds=self.last_sync.publish_s,
+            weight_sync_transfer_seconds=self.last_sync.transfer_s,
+            weight_sync_apply_seconds=self.last_sync.apply_s,
+            weight_sync_wait_seconds=self.last_sync.wait_s,
         )
 
     def publish_status(self, now: float) -> None:
@@ -299,6 +316,7 @@ class Controller:
         if rec is None:
             return
         rec.applied[msg.version] = msg
+        rec.applied_at[msg.version] = self.clock()
         if msg.ok:
             rec.weight_version = msg.version
             self.scheduler.observe(self.clock(), msg.executor_id, weight_version=msg.version,

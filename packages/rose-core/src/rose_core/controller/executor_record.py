@@ -17,6 +17,8 @@ class ExecutorRecord:
     state: str = "ready"
     weight_version: int = 0
     applied: dict[int, WeightApplied] = field(default_factory=dict)
+    applied_at: dict[int, float] = field(default_factory=dict)
+    """Controller clock when each ``WeightApplied`` was handled (the end of that executor's sync)."""
     turns_done: int = 0
 
     @property

@@ -18,6 +18,7 @@ import numpy as np
 from rose_core.config import RunConfig
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
 from rose_core.controller.controller_metrics import STEP_SECONDS
+from rose_core.controller.weight_sync import SyncBreakdown
 from rose_core.messages import SamplingParams, StepStarted, StepStatus
 from rose_core.rl.codec import TextCodec
 from rose_core.rl.episode import Episode
@@ -58,6 +59,8 @@ class StepReport:
     version_mismatches: int = 0
     published_version: int = 0
     train_loss: float = 0.0
+    sync_breakdown: SyncBreakdown = field(default_factory=SyncBreakdown)
+    """Where ``sync_seconds`` went (``rose_core.controller.weight_sync``; ``docs/controller.md``)."""
 
 
 @dataclass(slots=True)
@@ -117,6 +120,7 @@ class RLJob:
         report = self._report(rollout, trajectories, rollout_s, train_s, sync_s, sync_bytes, (started, ended))
         report.turns_rerouted = self.controller.stats.reroutes - reroutes_before
         report.train_loss = float(getattr(stats, "loss", 0.0))
+        report.sync_breakdown = self.controller.last_sync
         self._set_phase(rollout, "done", report.reward_mean)
         self.controller.history.append(self.controller.step_status)  # type: ignore[arg-type]
         return report
@@ -191,8 +195,12 @@ class RLJob:
 
     def _ship_weights(self, step: int) -> tuple[float, int]:
         t0 = time.monotonic()
-        announce = self.publisher.publish(self.version + 1, step, self.trainer.export_weights())
-        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s)
+        weights = self.trainer.export_weights()
+        export_s = time.monotonic() - t0
+        announce = self.publisher.publish(self.version + 1, step, weights)
+        publish_s = time.monotonic() - t0
+        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
+                                                   publish_s=publish_s, export_s=export_s)
         failed = {eid: a.error for eid, a in applied.items() if not a.ok}
         if failed:
             raise RuntimeError(f"weight version {announce.version} failed on {failed}")

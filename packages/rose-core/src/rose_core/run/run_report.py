@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
 from rose_core.run.rl_job import StepReport
@@ -82,3 +83,13 @@ def format_table(steps: list[StepReport]) -> str:
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def sync_summary(steps: list[StepReport]) -> str:
+    """One line: the median weight sync and the median of each of its parts (``sync_breakdown``)."""
+    if not steps:
+        return ""
+    parts = [(name, median(getattr(s.sync_breakdown, f"{name}_s") for s in steps))
+             for name in ("publish", "transfer", "apply", "wait")]
+    return (f"weight sync median {median(s.sync_seconds for s in steps):.2f} s: "
+            + " · ".join(f"{name} {value:.2f}" for name, value in parts) + " (transfer/apply/wait: max over executors)")

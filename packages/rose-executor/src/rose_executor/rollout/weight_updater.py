@@ -3,6 +3,8 @@
 Fetching overlaps with running turns. Applying stops admission, gives in-flight turns back
 (``weight_update``), pauses the engine, reloads, resumes and reports ``WeightApplied``. A failed fetch or
 apply reports ``ok=False`` and keeps the old version (reloading its bytes if the model was touched).
+``WeightApplied`` says where the seconds went: queued, transfer (the fetch), apply (abort, pause, reload,
+resume).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,27 @@ from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
 
 log = logging.getLogger(__name__)
 HeldWeights = tuple[Path, list[TensorEntry]]
+
+
+@dataclass(slots=True)
+class ApplyTimes:
+    """Where one ``apply`` went (seconds): ``seconds`` is the whole, from the call to resumed and admitting."""
+
+    seconds: float = 0.0
+    abort_s: float = 0.0
+    pause_s: float = 0.0
+    reload_s: float = 0.0
+    resume_s: float = 0.0
+    aborted_turns: int = 0
+
+
+@dataclass(slots=True)
+class UpdateTimes:
+    """Where one update went (seconds): queued behind the loop, the fetch, the apply."""
+
+    queue_s: float = 0.0
+    transfer_s: float = 0.0
+    apply: ApplyTimes | None = None
 
 
 class WeightUpdater:
@@ -49,6 +73,7 @@ class WeightUpdater:
         self._send = send
         self._fetcher: Any = None
         self._pending: WeightAnnounce | None = None
+        self._pending_at = 0.0
         self._wakeup = asyncio.Event()
         self._held: HeldWeights | None = None
         self._task = asyncio.create_task(self._loop(), name="weight-updater")
@@ -56,6 +81,7 @@ class WeightUpdater:
     def announce(self, msg: WeightAnnounce) -> None:
         if self._pending is None or msg.version > self._pending.version:
             self._pending = msg
+            self._pending_at = time.perf_counter()
         self._wakeup.set()
 
     async def close(self) -> None:
@@ -76,52 +102,62 @@ class WeightUpdater:
             self._wakeup.clear()
             announce, self._pending = self._pending, None
             if announce is not None:
-                await self._handle(announce)
+                await self._handle(announce, self._pending_at)
 
-    async def _handle(self, announce: WeightAnnounce) -> None:
+    async def _handle(self, announce: WeightAnnounce, announced_at: float) -> None:
         started = time.perf_counter()
+        times = UpdateTimes(queue_s=max(0.0, started - announced_at))
         if announce.version == self.runner.weight_version:
-            self._reply(announce.version, 0.0, 0)
+            self._reply(announce.version, 0.0, 0, times)
             return
         try:
-            received, fetch_s, reload_s = await self._update(announce)
+            received = await self._update(announce, times)
         except TimeoutError:
             seconds = time.perf_counter() - started
             error = f"fetching version {announce.version} from {announce.source} timed out after {seconds:.0f} s"
             log.warning("%s", error)
-            self._reply(announce.version, seconds, 0, error=error)
+            self._reply(announce.version, seconds, 0, times, error=error)
             return
         except Exception as exc:
             log.warning("weight version %d not applied: %s", announce.version, exc)
-            self._reply(announce.version, time.perf_counter() - started, 0, error=str(exc) or type(exc).__name__)
+            seconds = time.perf_counter() - started
+            self._reply(announce.version, seconds, 0, times, error=str(exc) or type(exc).__name__)
             return
         seconds = time.perf_counter() - started
         metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
+        applied = times.apply or ApplyTimes()
         log.info(
-            "weight version %d applied in %.2f s (fetch %.2f s, %d bytes; reload %.3f s)",
+            "weight version %d applied in %.2f s (queued %.3f s; fetch %.3f s, %d bytes; apply %.3f s: "
+            "abort %.3f s (%d turns), pause %.3f s, reload %.3f s, resume %.3f s)",
             announce.version,
             seconds,
-            fetch_s,
+            times.queue_s,
+            times.transfer_s,
             received,
-            reload_s,
+            applied.seconds,
+            applied.abort_s,
+            applied.aborted_turns,
+            applied.pause_s,
+            applied.reload_s,
+            applied.resume_s,
         )
-        self._reply(announce.version, seconds, received)
+        self._reply(announce.version, seconds, received, times)
 
-    async def _update(self, announce: WeightAnnounce) -> tuple[int, float, float]:
-        """Fetch and apply ``announce``; returns bytes received, fetch seconds and reload seconds."""
+    async def _update(self, announce: WeightAnnounce, times: UpdateTimes) -> int:
+        """Fetch and apply ``announce``, noting the fetch and apply times in ``times``; returns bytes received."""
         dest = self.stage_dir / f"v{announce.version}.bin"
         started = time.perf_counter()
         try:
             fetched = await asyncio.wait_for(self._fetch(announce, dest), self.fetch_timeout_s)
             if fetched.version != announce.version:
                 raise RoseError(f"fetched version {fetched.version} while version {announce.version} was announced")
-            fetch_s = time.perf_counter() - started
-            reload_s = await self.apply(Path(fetched.path), list(fetched.entries), announce.version)
+            times.transfer_s = time.perf_counter() - started
+            times.apply = await self.apply(Path(fetched.path), list(fetched.entries), announce.version)
         except BaseException:
             if self._held is None or self._held[0] != dest:
                 dest.unlink(missing_ok=True)
             raise
-        return int(fetched.bytes_received), fetch_s, reload_s
+        return int(fetched.bytes_received)
 
     async def _fetch(self, announce: WeightAnnounce, dest: Path) -> Any:
         if self._fetcher is None:
@@ -132,23 +168,36 @@ class WeightUpdater:
 
     # ---------------------------------------------------------------- apply in place
 
-    async def apply(self, path: Path, entries: list[TensorEntry], version: int) -> float:
-        """Swap the rollout engine to ``version`` (flat file ``path``); returns the reload seconds."""
+    async def apply(self, path: Path, entries: list[TensorEntry], version: int) -> ApplyTimes:
+        """Swap the rollout engine to ``version`` (flat file ``path``); returns where the seconds went."""
+        times = ApplyTimes()
+        started = mark = time.perf_counter()
+
+        def lap() -> float:
+            nonlocal mark
+            last, mark = mark, time.perf_counter()
+            return mark - last
+
         self.updating = True
         self.runner.refuse("weight_update")
         try:
-            await self.runner.abort_all("weight_update")
+            times.aborted_turns = await self.runner.abort_all("weight_update")
+            times.abort_s = lap()
             await self.engine.pause(clear_cache=True)
+            times.pause_s = lap()
             try:
-                seconds = await self._reload_or_restore(path, entries)
+                await self._reload_or_restore(path, entries)
             finally:
+                times.reload_s = lap()
                 await self.engine.resume()
+                times.resume_s = lap()
             self.runner.set_version(version)
             self._replace_held(path, entries)
-            return seconds
+            return times
         finally:
             self.runner.admit()
             self.updating = False
+            times.seconds = time.perf_counter() - started
 
     async def _reload_or_restore(self, path: Path, entries: list[TensorEntry]) -> float:
         try:
@@ -177,7 +226,8 @@ class WeightUpdater:
         if old is not None and old[0] != path:
             old[0].unlink(missing_ok=True)
 
-    def _reply(self, version: int, seconds: float, received: int, error: str = "") -> None:
+    def _reply(self, version: int, seconds: float, received: int, times: UpdateTimes, error: str = "") -> None:
+        applied = times.apply or ApplyTimes()
         self._send(
             WeightApplied(
                 executor_id=self.executor_id,
@@ -186,5 +236,13 @@ class WeightUpdater:
                 bytes_received=received,
                 ok=not error,
                 error=error[:500],
+                queue_seconds=times.queue_s,
+                transfer_seconds=times.transfer_s,
+                apply_seconds=applied.seconds,
+                abort_seconds=applied.abort_s,
+                pause_seconds=applied.pause_s,
+                reload_seconds=applied.reload_s,
+                resume_seconds=applied.resume_s,
+                aborted_turns=applied.aborted_turns,
             )
         )

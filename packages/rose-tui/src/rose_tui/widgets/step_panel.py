@@ -1,5 +1,5 @@
 """The RL step in progress: phase, weights, trajectories done as a bar, turns, reward; and the last
-weight sync."""
+weight sync with its parts."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class StepPanel(Vertical):
         yield Label("", id="step-turns")
         yield Label("", id="step-reward")
         yield Label("", id="weight-sync")
+        yield Label("", id="weight-sync-parts")
 
     def watch_step(self, step: StepView) -> None:
         self.query_one("#step-title", Label).update(step.title)
@@ -34,4 +35,7 @@ class StepPanel(Vertical):
         self.query_one("#step-reward", Label).update(f"weights {step.weights} · reward mean {step.reward}")
 
     def watch_weight_sync(self, sync: WeightSyncView) -> None:
-        self.query_one("#weight-sync", Label).update(sync.text)
+        self.query_one("#weight-sync", Label).update(sync.headline)
+        parts = self.query_one("#weight-sync-parts", Label)
+        parts.update(f"{sync.breakdown} s" if sync.breakdown else "")
+        parts.display = bool(sync.breakdown)
