@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
@@ -135,11 +136,13 @@ class _Endpoint(Inbound[InT]):
 
     # ---------------------------------------------------------------- per socket type
 
+    @abstractmethod
     def _split(self, frames: list[Any]) -> tuple[bytes, list[Any]]:
-        raise NotImplementedError
+        """An arrived multipart message as (peer, message frames)."""
 
+    @abstractmethod
     def _route(self, peer: bytes, frames: list[Any]) -> list[Any]:
-        raise NotImplementedError
+        """Message frames as this socket type sends them to ``peer``."""
 
 
 class ControlServer(_Endpoint[ToController]):

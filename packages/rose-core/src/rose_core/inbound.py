@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -24,7 +25,7 @@ NOTIFIED_REASONS = ("unauthenticated", "wrong_version")
 """Rejections the peer is told about (once per peer and reason): it cannot fix what it is not told."""
 
 
-class Inbound(Generic[InT]):
+class Inbound(ABC, Generic[InT]):
     """Opens and delivers arrived messages of type ``InT`` (the channel's union); subclasses move the bytes.
 
     ``_receive`` is called by whoever plays the I/O thread; ``_send_raw`` is how a notice goes back."""
@@ -72,5 +73,6 @@ class Inbound(Generic[InT]):
             self._notified.add((peer, exc.reason))
             self._send_raw(peer, self._framer.notice(exc.reason, str(exc)))
 
+    @abstractmethod
     def _send_raw(self, peer: bytes, frames: list[Any]) -> None:
-        raise NotImplementedError
+        """Send already-sealed frames to ``peer`` (a rejection notice), however this endpoint moves bytes."""
