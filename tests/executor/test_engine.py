@@ -1,8 +1,9 @@
-"""The vLLM adapter on a real CPU engine: generation from token ids, abort, in-place weight reload."""
+"""The vLLM adapter on a real CPU engine: generation from token ids, abort, weights patched in place."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,13 +13,16 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file, save_file
 
-from rose_core.messages import SamplingParams
+from rose_core.messages import SamplingParams, WeightAnnounce
+from rose_core.weights import EngineLayout
+from rose_executor.engine.engine_protocol import WeightCommit, WeightOrder
 from rose_executor.engine.vllm_engine import VllmEngine
-from rose_executor.engine.weight_file import flat_file_from_safetensors
+from rose_transfer import SparsePublisher
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 PROMPT = [7, 21, 33, 45, 58, 61, 70, 85, 99]
+SECRET = b"engine-test-secret-0123456789abcdef"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -70,33 +74,57 @@ async def test_abort_stops_a_running_request(engine: VllmEngine) -> None:
     assert engine.num_unfinished_requests() == 0
 
 
-async def test_reload_weights_changes_then_restores_outputs(
+async def _pull(engine: VllmEngine, publisher: SparsePublisher, version: int, state: dict[str, torch.Tensor]
+                ) -> tuple[WeightAnnounce, WeightCommit]:
+    announce = publisher.publish(version, version, state, layout=EngineLayout(tie_word_embeddings=False))
+    await engine.stage_weights(WeightOrder(announce, SECRET, "engine-test"))
+    return announce, await engine.commit_weights(version, 30.0)
+
+
+async def test_weights_patched_in_place_equal_a_freshly_loaded_engine(
     engine: VllmEngine, policy_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    stage = tmp_path_factory.mktemp("stage")
     state = load_file(str(policy_dir / "model.safetensors"))
     generator = torch.Generator().manual_seed(0)
-    perturbed = {
-        k: (v.float() + 0.05 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()
-    }
-    save_file(perturbed, str(stage / "v1.safetensors"))
-    v0 = flat_file_from_safetensors(policy_dir, stage / "v0.bin")
-    v1 = flat_file_from_safetensors(stage / "v1.safetensors", stage / "v1.bin")
+    v1 = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
+    v2 = {k: v.clone() for k, v in v1.items()}
+    v2["model.layers.1.self_attn.k_proj.weight"][3, :7] += 0.25  # inside a fused qkv_proj
+    v2["model.layers.0.mlp.up_proj.weight"][11, 5] -= 0.5  # inside a fused gate_up_proj
+    v2["model.norm.weight"][0] += 0.125
     before = await engine.generate("r0", PROMPT, GREEDY)
-
-    await engine.pause(clear_cache=True)
-    seconds = await engine.reload_weights(stage / "v1.bin", v1)
-    await engine.resume()
-    changed = await engine.generate("r1", PROMPT, GREEDY)
+    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0) as publisher:
+        first, full = await _pull(engine, publisher, 1, v1)
+        changed = await engine.generate("r1", PROMPT, GREEDY)
+        second, patched = await _pull(engine, publisher, 2, v2)
+    after = await engine.generate("r2", PROMPT, GREEDY)
     assert (changed.token_ids, changed.logprobs) != (before.token_ids, before.logprobs)
+    assert full.full_sync and full.digest == first.manifest_digest
+    assert not patched.full_sync and patched.digest == second.manifest_digest
+    assert patched.tensors_changed == 3 and patched.bytes_received < first.total_bytes // 10
 
-    await engine.pause(clear_cache=True)
-    seconds_back = await engine.reload_weights(stage / "v0.bin", v0)
-    await engine.resume()
-    restored = await engine.generate("r2", PROMPT, GREEDY)
-    assert restored.token_ids == before.token_ids
-    assert restored.logprobs == before.logprobs  # bit-exact: same weights, same kernels
-    print(f"\nreload_weights: {seconds:.3f} s and {seconds_back:.3f} s for {sum(e.nbytes for e in v0)} bytes")
+    fresh_dir = tmp_path_factory.mktemp("fresh-v2")
+    for item in policy_dir.iterdir():
+        if item.name != "model.safetensors":
+            shutil.copy(item, fresh_dir / item.name)
+    save_file(v2, str(fresh_dir / "model.safetensors"), metadata={"format": "pt"})
+    fresh = await VllmEngine.create(fresh_dir, purpose="rollout", kv_cache_gib=0.25, max_num_seqs=4)
+    try:
+        expected = await fresh.generate("f2", PROMPT, GREEDY)
+    finally:
+        fresh.shutdown()
+    assert after.token_ids == expected.token_ids
+    assert after.logprobs == expected.logprobs  # bit-exact: same weights, same kernels
+    print(f"\nfull sync: stage {full.stage_s:.3f} s, commit {full.commit_s:.3f} s, "
+          f"retransform {full.retransform_s:.3f} s; patch: stage {patched.stage_s:.3f} s, "
+          f"commit {patched.commit_s:.3f} s, retransform {patched.retransform_s:.3f} s, "
+          f"{patched.bytes_received} bytes")
+
+
+async def test_a_commit_without_a_stage_is_refused_and_the_engine_keeps_serving(engine: VllmEngine) -> None:
+    with pytest.raises(Exception, match="never staged"):
+        await engine.commit_weights(99, 5.0)
+    out = await engine.generate("after-refusal", PROMPT, GREEDY)
+    assert out.token_ids
 
 
 async def test_pause_keep_freezes_and_resume_continues(engine: VllmEngine) -> None:

@@ -8,6 +8,7 @@ finds the publisher through the entry-point group ``rose.weight_publishers``; ro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
@@ -17,11 +18,26 @@ from rose_core.messages import WeightAnnounce
 ENTRY_POINT_GROUP = "rose.weight_publishers"
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLayout:
+    """The tensor names and fusions the receiving engines hold, so a publisher can cut versions that land
+    in the engines' own parameters (``rose_transfer.plan.engine_layout``). ``engine``: ``"vllm"`` (fused
+    ``qkv_proj`` / ``gate_up_proj``) or ``"checkpoint"`` (the names as given)."""
+
+    engine: str = "vllm"
+    tie_word_embeddings: bool = False
+    vocab_padding: int = 64
+    """Rows of the embedding and the head, zero-padded to a multiple of this (vLLM pads to 64)."""
+
+
 class WeightPublisher(Protocol):
     """Serves weight versions to receivers that pull them."""
 
-    def publish(self, version: int, step: int, tensors: Mapping[str, Any]) -> WeightAnnounce:
-        """Make ``version`` fetchable (whole) and return the announcement executors act on."""
+    def publish(
+        self, version: int, step: int, tensors: Mapping[str, Any], *, layout: EngineLayout | None = None
+    ) -> WeightAnnounce:
+        """Make ``version`` fetchable (whole) and return the announcement executors act on; ``tensors``
+        carry checkpoint names, ``layout`` says how the engines hold them (default: as given)."""
         ...
 
     def close(self) -> None: ...

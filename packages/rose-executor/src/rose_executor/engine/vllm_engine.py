@@ -1,8 +1,8 @@
 """The vLLM adapter: the only module of ROSE that imports ``vllm``.
 
 ``VllmEngine`` owns one vLLM v1 ``AsyncLLM`` (engine core in a child process) and turns executor decisions
-into vLLM calls: generate from token ids, abort, pause/resume the scheduler, reload weights in place through
-the ``rose_reload`` worker extension, and mount vLLM's own OpenAI-compatible app on the engine. Per-request
+into vLLM calls: generate from token ids, abort, pause/resume the scheduler, patch weights in place through
+the ``rose_weights_*`` worker extension, and mount vLLM's own OpenAI-compatible app on the engine. Per-request
 serving latency comes from vLLM's stat-logger hook (``StatLoggerBase``), never from timing of our own.
 """
 
@@ -16,10 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rose_core.errors import RoseError, require_extra
-from rose_core.messages import SamplingParams, TensorEntry
+from rose_core.messages import SamplingParams
 from rose_core.policy import LiveRequest
-from rose_executor.engine.engine_protocol import ActivityListener, EngineStatsObserver, GenerationOutput
+from rose_executor.engine.engine_protocol import (
+    ActivityListener,
+    EngineStatsObserver,
+    GenerationOutput,
+    WeightCommit,
+    WeightOrder,
+)
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
 
 with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
@@ -208,17 +216,22 @@ class VllmEngine:
 
     # ---------------------------------------------------------------- weights
 
-    async def reload_weights(self, path: str | os.PathLike[str], entries: Sequence[TensorEntry]) -> float:
-        """Load a whole weight version (flat file + entries) into the running model; returns seconds.
+    async def stage_weights(self, order: WeightOrder) -> None:
+        """Start the pull in every worker (``rose_weights_stage``); the engine keeps stepping."""
+        announce = msgspec.msgpack.encode(order.announce)
+        await self.llm.collective_rpc(
+            "rose_weights_stage", args=(announce, order.secret, order.receiver_id, order.relay)
+        )
 
-        Call between ``pause()`` and ``resume()``: the prefix cache is dropped since its KV came from the
-        old weights.
-        """
-        started = time.perf_counter()
-        wire = [[e.name, e.dtype, list(e.shape), int(e.offset), int(e.nbytes)] for e in entries]
-        await self.llm.collective_rpc("rose_reload", args=(str(path), wire))
+    async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
+        """Apply the staged version in place in every worker (between two engine steps), then drop the
+        prefix cache: its KV came from the old weights."""
+        reports = await self.llm.collective_rpc("rose_weights_commit", args=(version, timeout_s))
         await self.llm.reset_prefix_cache()
-        return time.perf_counter() - started
+        return _combined(version, reports)
+
+    async def discard_weights(self) -> None:
+        await self.llm.collective_rpc("rose_weights_discard")
 
     # ---------------------------------------------------------------- serving API
 
@@ -267,6 +280,24 @@ def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
         logprobs=0 if sampling.logprobs else None,
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _combined(version: int, reports: Sequence[dict[str, Any]]) -> WeightCommit:
+    """One ``WeightCommit`` from every worker's report: seconds are the slowest worker's, bytes add up;
+    every worker must hold the same digest (a TP group's workers each hold the whole version today)."""
+    digests = {str(r["digest"]) for r in reports}
+    if len(digests) != 1:
+        raise RoseError(f"the engine's workers hold different weights after version {version}: {sorted(digests)}")
+    return WeightCommit(
+        version=version,
+        bytes_received=sum(int(r["bytes_received"]) for r in reports),
+        stage_s=max(float(r["stage_s"]) for r in reports),
+        commit_s=max(float(r["commit_s"]) for r in reports),
+        retransform_s=max(float(r["retransform_s"]) for r in reports),
+        full_sync=any(bool(r["full_sync"]) for r in reports),
+        tensors_changed=max(int(r["tensors_changed"]) for r in reports),
+        digest=digests.pop(),
     )
 
 

@@ -1,78 +1,43 @@
 """Methods ROSE adds to every vLLM worker (``worker_extension_cls``); this module must not import vllm.
 
 vLLM mixes ``RoseWorkerExtension`` into its worker class, so ``self`` is the worker and
-``AsyncLLM.collective_rpc("rose_reload", args=(path, entries))`` runs ``rose_reload`` in each worker
-process. Tensors passed as RPC arguments would arrive as Python lists, so the bytes travel in a flat file
-(normally under /dev/shm) and only its path and entries ``[name, dtype, shape, offset, nbytes]`` go
-through the RPC.
+``AsyncLLM.collective_rpc("rose_weights_stage", args=(...))`` runs in each worker process. The engine
+core runs these calls between two engine steps; ``rose_weights_stage`` only starts a background pull
+and returns, so the engine keeps stepping while a version arrives, and ``rose_weights_commit`` applies
+it in place (``engine_weights.EngineWeights``). Arguments travel pickled: plain values only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import time
-from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
+import msgspec
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bool": torch.bool,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
-# Types without a plain integer twin in the file travel as raw bits of this width.
-_RAW_BITS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
-
-
-def tensors_from_buffer(buffer: Any, entries: Sequence[Sequence[Any]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Zero-copy tensor views of ``buffer`` for each entry ``[name, dtype, shape, offset, nbytes]``."""
-    for name, dtype_name, shape, offset, nbytes in entries:
-        dtype = TORCH_DTYPES.get(str(dtype_name))
-        if dtype is None:
-            raise ValueError(f"tensor {name}: unsupported dtype {dtype_name!r}; use one of {sorted(TORCH_DTYPES)}")
-        dims = [int(d) for d in shape]
-        if int(nbytes) == 0:
-            yield str(name), torch.empty(dims, dtype=dtype)
-            continue
-        # bf16 travels as raw 2-byte values: read them as int16 and reinterpret (float8 likewise as uint8).
-        read_as = _RAW_BITS.get(dtype, dtype)
-        itemsize = torch.empty((), dtype=read_as).element_size()
-        count = int(nbytes) // itemsize
-        flat = torch.frombuffer(buffer, dtype=read_as, count=count, offset=int(offset))
-        if read_as is not dtype:
-            flat = flat.view(dtype)
-        yield str(name), flat.reshape(dims)
+from rose_core.messages import WeightAnnounce
+from rose_executor.engine.engine_weights import EngineWeights
 
 
 class RoseWorkerExtension:
     """Mixed into vLLM's worker class; ``self`` is the worker."""
 
-    def rose_reload(self, path: str, entries: list[list[Any]]) -> dict[str, float]:
-        """Apply the weight version in the flat file at ``path`` in place; returns what was loaded."""
-        started = time.perf_counter()
-        with open(path, "rb") as f:
-            # A private copy-on-write map is writable (torch.frombuffer wants that) and never writes back.
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        try:
-            self.reload_weights(weights_iterator=tensors_from_buffer(mapped, entries))  # type: ignore[attr-defined]
-        finally:
-            _close_quietly(mapped)
-        total = float(sum(int(e[4]) for e in entries))
-        return {"tensors": float(len(entries)), "bytes": total, "seconds": time.perf_counter() - started}
+    def _rose_weights(self) -> EngineWeights:
+        weights: EngineWeights | None = getattr(self, "_rose_engine_weights", None)
+        if weights is None:
+            weights = EngineWeights(self.model_runner.get_model())  # type: ignore[attr-defined]
+            self._rose_engine_weights = weights
+        return weights
 
+    def rose_weights_stage(self, announce: bytes, secret: bytes, receiver_id: str, relay: str) -> None:
+        """Start pulling the announced version (msgpack ``WeightAnnounce``) in the background."""
+        order = msgspec.msgpack.decode(announce, type=WeightAnnounce)
+        self._rose_weights().stage(order, secret=secret, receiver_id=receiver_id, relay=relay)
 
-def _close_quietly(mapped: mmap.mmap) -> None:
-    # BufferError: a tensor view is still alive somewhere; the map goes when it does.
-    with contextlib.suppress(BufferError):
-        mapped.close()
+    def rose_weights_commit(self, version: int, timeout_s: float) -> dict[str, Any]:
+        """Apply the staged ``version`` to this worker's parameters in place; what it took."""
+        return self._rose_weights().commit(version, timeout_s).as_dict()
+
+    def rose_weights_discard(self) -> None:
+        self._rose_weights().discard()
+
+    def rose_weights_digest(self) -> str:
+        return self._rose_weights().digest()

@@ -14,12 +14,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from rose_core.auth import MIN_SECRET_BYTES
 from rose_core.errors import ConfigError, ProtocolError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.metrics import REJECTED_MESSAGES
+from rose_transfer.codec.patch_positions import changed_offsets
 from rose_transfer.errors import TransferError
 from rose_transfer.fetch.bucket_buffers import BucketBuffers
 from rose_transfer.fetch.bucket_sink import BucketSink
@@ -123,7 +127,23 @@ class WeightFetcher:
         bucket whose patched checksum fails rolls the whole version back and is pulled again, dense.
         On any error ``target`` still holds its previous version, bit for bit. ``view``: hold only this
         shard of every tensor, as the engine's local tensors (the publisher cuts the view; patches
-        and checksums cover only its bytes); ``buckets`` then count the view's buckets."""
+        and checksums cover only its bytes); ``buckets`` then count the view's buckets.
+        ``stage_into`` then ``commit_staged`` do the same in two steps (pull now, apply later)."""
+        staged = await self.stage_into(announce, target, buckets=buckets, relay=relay, view=view)
+        return await self.commit_staged(staged)
+
+    async def stage_into(
+        self,
+        announce: WeightAnnounce,
+        target: ResidentWeights,
+        *,
+        buckets: Iterable[int] | None = None,
+        relay: str | None = None,
+        view: ShardView | None = None,
+    ) -> StagedVersion:
+        """Pull ``announce.version`` for ``target`` without touching it: patches kept as they came
+        (O(changes)), dense buckets in a staging buffer. Apply with ``commit_staged`` or drop with
+        ``StagedVersion.discard``."""
         check_view(view)
         started = time.perf_counter()
         progress = self._progress(announce, target.version, buckets, relay)
@@ -131,6 +151,16 @@ class WeightFetcher:
         sink = MemorySink(self._secret, target, progress, self.window)
         try:
             await self._fetch_with_reconnects(progress, sink)
+        except BaseException:
+            sink.close()
+            raise
+        return StagedVersion(progress, sink, started, time.perf_counter() - started)
+
+    async def commit_staged(self, staged: StagedVersion) -> FetchedInMemory:
+        """Apply a staged version to its target, whole or not at all (a bucket whose patched checksum
+        fails rolls everything back and is pulled again, dense); the target's lock is held meanwhile."""
+        progress, sink = staged.progress, staged.sink
+        try:
             while failed := await asyncio.to_thread(_commit_staged, sink, progress):
                 for index in failed:
                     progress.done.discard(index)
@@ -138,8 +168,8 @@ class WeightFetcher:
                 await self._fetch_with_reconnects(progress, sink)
         finally:
             sink.close()
-        seconds = self._finished(progress, started)
-        return FetchedInMemory(announce.version, progress.bytes_received, seconds, len(sink.patches))
+        seconds = self._finished(progress, staged.started)
+        return FetchedInMemory(progress.version, progress.bytes_received, seconds, len(sink.patches))
 
     def _progress(
         self, announce: WeightAnnounce, have_version: int, buckets: Iterable[int] | None, relay: str | None
@@ -209,6 +239,41 @@ class WeightFetcher:
             progress.bytes_received += client.bytes_received
             RECEIVED_BYTES.inc(client.bytes_received)
             client.close()
+
+
+@dataclass(slots=True)
+class StagedVersion:
+    """A version pulled for ``ResidentWeights`` and not applied yet (``WeightFetcher.commit_staged``)."""
+
+    progress: FetchProgress
+    sink: MemorySink
+    started: float
+    stage_seconds: float
+
+    @property
+    def version(self) -> int:
+        return self.progress.version
+
+    @property
+    def bytes_received(self) -> int:
+        return self.progress.bytes_received
+
+    def touched(self) -> tuple[np.ndarray, frozenset[int]]:
+        """``(stream offsets of every byte a patch wrote, ascending; buckets placed dense)``."""
+        manifest = self.progress.manifest
+        if manifest is None:
+            raise RuntimeError("a staged version has its manifest")
+        parts = [
+            changed_offsets(payload, manifest.buckets[index].nbytes) + manifest.buckets[index].offset
+            for index, payload in sorted(self.sink.patches.items())
+            if index not in self.sink.dense
+        ]
+        offsets = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return offsets, frozenset(self.sink.dense)
+
+    def discard(self) -> None:
+        """Drop the staged bytes (the target never saw them)."""
+        self.sink.close()
 
 
 def _commit_staged(sink: MemorySink, progress: FetchProgress) -> list[int]:

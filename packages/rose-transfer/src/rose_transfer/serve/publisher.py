@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 from rose_core.auth import MIN_SECRET_BYTES, POLY1305
 from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import ShardView, WeightAnnounce
+from rose_core.weights import EngineLayout
+from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
@@ -71,14 +73,23 @@ class DensePublisher:
         log.info("serving weight versions at %s", self.source)
 
     def publish(
-        self, version: int, step: int, tensors: Mapping[str, Any], *, shards: Mapping[str, str] | None = None
+        self,
+        version: int,
+        step: int,
+        tensors: Mapping[str, Any],
+        *,
+        shards: Mapping[str, str] | None = None,
+        layout: EngineLayout | None = None,
     ) -> WeightAnnounce:
         """Make ``version`` fetchable (whole) and return the announcement executors act on. ``shards``:
-        the shard spec text of sharded tensors (the rest are replicated), for shard-aware receivers."""
+        the shard spec text of sharded tensors (the rest are replicated), for shard-aware receivers;
+        ``layout``: publish the tensors as the engines hold them (``plan.engine_layout``)."""
         if self._closed:
             raise RoseError("this weight publisher is closed: create a new one to publish")
         if version < 0:
             raise RoseError(f"weight versions are non-negative, got {version}")
+        if layout is not None:
+            tensors = to_engine_layout(tensors, layout)
         flat = flatten(tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards)
         self._store.add(flat)
         manifest = flat.manifest

@@ -10,7 +10,7 @@ It depends only on ``dtypes``: what it binds to is described by ``HeldWeights`` 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, cast
 
 import numpy as np
@@ -100,3 +100,8 @@ def bind_module(module: torch.nn.Module, target: HeldWeights, names: Mapping[str
             tensor.data = source
             bound.append(name)
     return bound
+
+
+def cat_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``parts`` stacked along dim 0 into one new contiguous tensor (a fused engine parameter)."""
+    return torch.cat([p.detach() for p in parts], dim=0).contiguous()
