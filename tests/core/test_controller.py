@@ -184,22 +184,26 @@ def test_weight_sync_breakdown_adds_up_per_executor(controller: Controller, cloc
                 clock.now += pass_s  # the controller's clock moves on while this executor works
                 peers[eid].send(m.WeightApplied(
                     executor_id=eid, version=msg.version, seconds=transfer_s + apply_s, bytes_received=100,
-                    queue_seconds=0.01, transfer_seconds=transfer_s, apply_seconds=apply_s, abort_seconds=0.02,
-                    pause_seconds=0.03, reload_seconds=0.04, resume_seconds=0.05, aborted_turns=2))
+                    queue_seconds=0.01, transfer_seconds=transfer_s, apply_seconds=apply_s, drain_seconds=0.02,
+                    commit_seconds=0.04, retransform_seconds=0.05, aborted_turns=2, tensors_changed=3,
+                    weights_digest="good" if eid == "d1" else "bad"))
         return apply
 
     peers: dict[str, InProcessClient] = {}
     peers["d1"] = join(controller, "d1", on_message=replier("d1", 1.0, 0.2, 0.5))
     peers["d2"] = join(controller, "d2", on_message=replier("d2", 0.5, 0.3, 0.1))
     with peers["d1"], peers["d2"]:
-        ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1")
+        ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1", manifest_digest="good")
         controller.announce_weights(ann, timeout=5, publish_s=0.25, export_s=0.05)
         sync = controller.last_sync
         # d1's announce went out at 100.0, d2's at 101.0; both replies are handled at 101.5.
         d1, d2 = sync.executors["d1"], sync.executors["d2"]
         assert (d1.elapsed_s, d1.transfer_s, d1.apply_s, d1.wait_s) == pytest.approx((1.5, 0.2, 0.5, 0.8))
         assert (d2.elapsed_s, d2.transfer_s, d2.apply_s, d2.wait_s) == pytest.approx((0.5, 0.3, 0.1, 0.1))
-        assert (d1.bytes_received, d1.queue_s, d1.reload_s, d1.aborted_turns) == (100, 0.01, 0.04, 2)
+        assert (d1.bytes_received, d1.queue_s, d1.commit_s, d1.retransform_s, d1.aborted_turns) == (
+            100, 0.01, 0.04, 0.05, 2)
+        assert (d1.drain_s, d1.tensors_changed, d1.digest_ok, d2.digest_ok) == (0.02, 3, True, False)
+        assert sync.digest_mismatches == 1  # d2's engine holds other weights than the trainer published
         assert (sync.publish_s, sync.export_s, sync.announce_s) == pytest.approx((0.25, 0.05, 1.5))
         assert (sync.transfer_s, sync.apply_s, sync.wait_s) == pytest.approx((0.3, 0.5, 0.8))  # max of each
         assert sync.last == "d1"

@@ -40,7 +40,6 @@ def write_config(
         "slo_ttft_ms = 0.001",
         "slo_tpot_ms = 0.001",
         "latency_window_s = 2.0",
-        f'weight_stage_dir = "{path.parent / "stage"}"',
         f'profile_cache_dir = "{profiles or path.parent / "profiles"}"',
         *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
     ]

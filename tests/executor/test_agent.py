@@ -36,7 +36,8 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_core.metrics import free_port
-from rose_transfer import DensePublisher
+from rose_core.weights import EngineLayout
+from rose_transfer import SparsePublisher
 
 from .conftest import SECRET
 from .controller_peer import ControllerPeer
@@ -49,7 +50,6 @@ class Executor:
     controller: ControllerPeer
     register: Register
     children: set[int]
-    stage_dir: Path
 
 
 def executor_command(controller: str, role: str, config: Path, secret_file: Path, *extra: str) -> list[str]:
@@ -85,7 +85,7 @@ def executor(
         register = controller.expect(Register, timeout=180)
         print(f"\nexecutor (serving role, 2 engines) ready {time.perf_counter() - started:.1f} s after Welcome")
         children = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
-        yield Executor(process, controller, register, children, root / "stage")
+        yield Executor(process, controller, register, children)
     finally:
         stop(process)
         controller.close()
@@ -221,29 +221,42 @@ def test_memory_cut_aborts_and_freezes_until_the_next_step(executor: Executor) -
 
 
 def test_weight_update_through_rose_transfer(executor: Executor, policy_dir: Path) -> None:
+    """Two versions into the live engine: whole, then patches in place; a running turn finishes on its
+    version (nothing aborted), and the engine's digest is the published one each time."""
     peer = executor.controller
     peer.send(turn("w0"))
     before = peer.expect(TurnResult, where=lambda r: r.turn_id == "w0")
     state = load_file(str(policy_dir / "model.safetensors"))
     generator = torch.Generator().manual_seed(1)
     new = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
-    publisher = DensePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    newer = {k: v.clone() for k, v in new.items()}
+    newer["model.layers.0.self_attn.v_proj.weight"][0, :4] += 0.5
+    layout = EngineLayout(tie_word_embeddings=False)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
     try:
-        peer.send(turn("busy", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+        peer.send(turn("busy", sampling=SamplingParams(max_tokens=200, temperature=0.0)))
         peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
-        peer.send(publisher.publish(1, step=1, tensors=new))
+        first = publisher.publish(1, step=1, tensors=new, layout=layout)
+        peer.send(first)
         applied = peer.expect(WeightApplied, timeout=60)
+        busy = peer.expect(TurnResult, where=lambda r: r.turn_id == "busy")
+        second = publisher.publish(2, step=2, tensors=newer, layout=layout)
+        peer.send(second)
+        patched = peer.expect(WeightApplied, timeout=60, where=lambda w: w.version == 2)
     finally:
         publisher.close()
-    assert (applied.ok, applied.version, applied.error) == (True, 1, "")
-    assert [p.name for p in executor.stage_dir.iterdir()] == ["v1.bin"]
+    assert (applied.ok, applied.version, applied.error, applied.full_sync) == (True, 1, "", True)
+    assert applied.weights_digest == first.manifest_digest
     assert applied.bytes_received >= sum(t.numel() * 2 for t in new.values())
-    print(f"\nweight version 1 fetched and applied in {applied.seconds:.3f} s")
-    given_back = peer.expect(TurnAborted, where=lambda a: a.turn_id == "busy")
-    assert given_back.reason == "weight_update"
-    peer.send(turn("w1", version=1))
-    after = peer.expect(TurnResult, where=lambda r: r.turn_id == "w1")
-    assert after.weight_version == 1
+    assert busy.weight_version == 0 and applied.aborted_turns == 0  # it finished on its version
+    assert (patched.ok, patched.full_sync, patched.tensors_changed) == (True, False, 1)
+    assert patched.weights_digest == second.manifest_digest
+    assert patched.bytes_received < first.total_bytes // 10
+    print(f"\nversion 1 (whole) applied in {applied.seconds:.3f} s, version 2 (patches, "
+          f"{patched.bytes_received} bytes) in {patched.seconds:.3f} s")
+    peer.send(turn("w2", version=2))
+    after = peer.expect(TurnResult, where=lambda r: r.turn_id == "w2")
+    assert after.weight_version == 2
     changed = (after.output_token_ids.tolist(), after.output_logprobs.tolist())
     assert changed != (before.output_token_ids.tolist(), before.output_logprobs.tolist())
     peer.send(turn("old", version=0))
@@ -252,12 +265,12 @@ def test_weight_update_through_rose_transfer(executor: Executor, policy_dir: Pat
 
 def test_failed_fetch_keeps_the_version(executor: Executor) -> None:
     peer = executor.controller
-    peer.send(WeightAnnounce(version=2, step=2, source=f"tcp://127.0.0.1:{free_port()}"))
-    failed = peer.expect(WeightApplied, timeout=60, where=lambda w: w.version == 2)
-    assert not failed.ok and "cannot fetch weight version 2" in failed.error
-    peer.send(StepStarted(step=2, weight_version=1))
+    peer.send(WeightAnnounce(version=3, step=3, source=f"tcp://127.0.0.1:{free_port()}"))
+    failed = peer.expect(WeightApplied, timeout=60, where=lambda w: w.version == 3)
+    assert not failed.ok and "cannot fetch weight version 3" in failed.error
+    peer.send(StepStarted(step=2, weight_version=2))
     beat = peer.expect(Heartbeat, timeout=5)
-    assert beat.load.weight_version == 1 and beat.load.state == "ready"
+    assert beat.load.weight_version == 2 and beat.load.state == "ready"
 
 
 def test_prometheus_metrics(executor: Executor) -> None:
@@ -267,8 +280,8 @@ def test_prometheus_metrics(executor: Executor) -> None:
     assert samples['rose_executor_rollout_turns_total{outcome="version"}'] >= 2
     assert samples['rose_executor_rollout_turns_total{outcome="capacity"}'] >= 1
     assert samples["rose_executor_rollout_tokens_total"] > 0
-    assert samples["rose_executor_weight_version"] == 1
-    assert samples["rose_executor_weight_apply_seconds_count"] == 1
+    assert samples["rose_executor_weight_version"] == 2
+    assert samples["rose_executor_weight_apply_seconds_count"] == 2
     assert samples["rose_executor_serving_ttft_seconds_count"] >= 2
     assert samples["rose_executor_serving_tpot_seconds_count"] >= 2
     assert samples["rose_executor_serving_slo_violations_total"] >= 2
@@ -284,7 +297,7 @@ def test_prometheus_metrics(executor: Executor) -> None:
 
 def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:
     peer = executor.controller
-    peer.send(turn("last", version=1, sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    peer.send(turn("last", version=2, sampling=SamplingParams(max_tokens=900, temperature=0.0)))
     peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
     peer.send(Shutdown(reason="test over"))
     given_back = peer.expect(TurnAborted, where=lambda a: a.turn_id == "last")
@@ -293,7 +306,6 @@ def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> No
     assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
     assert executor.process.wait(timeout=60) == 0
     assert_gone(executor.children)
-    assert not executor.stage_dir.exists()  # the staged weight version is gone from memory too
 
 
 def assert_gone(pids: set[int], timeout: float = 15.0) -> None:

@@ -56,7 +56,6 @@ class TwinExecutor:
     controller: ControllerPeer
     register: Register
     launcher: FakeEngineLauncher
-    stage_dir: Path
 
     @property
     def serving(self) -> FakeEngine:
@@ -88,7 +87,7 @@ async def executor(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles
         assert (hello.peer_id, hello.kind) == ("ex-1", "executor")
         controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
         register = await controller.arrival(Register, timeout=60)
-        yield TwinExecutor(agent, task, controller, register, launcher, tmp_path / "stage")
+        yield TwinExecutor(agent, task, controller, register, launcher)
     finally:
         agent.request_stop("test over")
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
@@ -206,7 +205,6 @@ async def test_shutdown_says_goodbye_and_gives_turns_back(executor: TwinExecutor
     assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
     assert await asyncio.wait_for(executor.task, 30) == 0
     assert all(e.num_unfinished_requests() == 0 for e in executor.launcher.engines)
-    assert not executor.stage_dir.exists()
 
 
 async def test_a_dead_engine_stops_the_agent_with_exit_1(executor: TwinExecutor) -> None:

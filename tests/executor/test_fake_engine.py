@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
+from rose_core.errors import RoseError
 from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
-from rose_executor.engine.engine_protocol import Engine, GenerationOutput
+from rose_executor.engine.engine_protocol import Engine, GenerationOutput, WeightOrder
 from rose_executor.engine.engine_spec import EngineSpec
 from rose_executor.engine.fake_engine import FAKE_MODEL_DIR, FakeEngine
 from rose_executor.engine.virtual_clock import VirtualClock
+from rose_transfer import DensePublisher
 
 MODEL = LatencyModel(prefill_base_s=0.004, prefill_per_token_s=10e-6, decode_base_s=0.002, decode_per_seq_s=0.001)
 
@@ -153,7 +156,7 @@ async def test_listeners_hear_arrivals_and_finishes() -> None:
     assert heard == [1, 0]
 
 
-async def test_prefix_cache_and_weight_reload() -> None:
+async def test_prefix_cache_and_a_weight_commit() -> None:
     fake, clock = engine()
     first = generate(fake, "p1", 300, 2)
     await clock.run_until(first.done)
@@ -161,11 +164,16 @@ async def test_prefix_cache_and_weight_reload() -> None:
     await clock.run_until(second.done)
     assert first.result().num_cached_tokens == 0 and second.result().num_cached_tokens == 256
     assert second.result().token_ids == first.result().token_ids  # same prompt, same weights
-    await fake.pause(clear_cache=True)
-    assert await fake.reload_weights("v1.bin", []) == 0.0
-    await fake.resume()
+    secret = b"f" * 32
+    with DensePublisher(secret=secret, host="127.0.0.1", port=0) as publisher:
+        announce = publisher.publish(1, 1, {"w": np.arange(100, dtype=np.float32)})
+        await fake.stage_weights(WeightOrder(announce, secret, "fake"))
+        commit = await fake.commit_weights(1, 10.0)
+    assert (commit.version, commit.full_sync, commit.digest) == (1, True, announce.manifest_digest)
     third = generate(fake, "p3", 300, 2)
     await clock.run_until(third.done)
-    assert third.result().num_cached_tokens == 0  # the reload dropped the prefix cache
+    assert third.result().num_cached_tokens == 0  # the commit dropped the prefix cache
     assert third.result().token_ids != first.result().token_ids  # new weights, new tokens
-    assert fake.calls == ["pause(keep=False, clear_cache=True)", "reload_weights", "resume"]
+    assert fake.calls == ["stage_weights(v1)", "commit_weights(v1)"]
+    with pytest.raises(RoseError, match="never staged"):
+        await fake.commit_weights(2, 1.0)

@@ -4,7 +4,6 @@ cancellation, aborts, prefix accounting, warm trajectories, and a weight swap in
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from rose_executor.engine.fake_engine import FakeEngine
 from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.rollout.rollout_runner import RolloutRunner
 from rose_executor.rollout.weight_updater import WeightUpdater
-from rose_transfer import DensePublisher
+from rose_transfer import SparsePublisher
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
 
@@ -93,52 +92,127 @@ async def test_an_engine_abort_is_an_engine_error_and_prefix_hits_are_counted() 
     assert runner.prefix_hit_rate == pytest.approx(second.prefix_hit_tokens / 600)
 
 
-async def test_a_weight_swap_gives_turns_back_and_reloads_in_place(tmp_path: Path) -> None:
+SECRET = b"s" * 32
+
+
+def tensors(version: int) -> dict[str, np.ndarray]:
+    """A two-tensor model whose version ``v`` differs from ``v - 1`` in a handful of words of ``w``."""
+    w = np.arange(4096, dtype=np.float32)
+    w[: 5 * version] += 1.0
+    return {"w": w, "b": np.ones(64, dtype=np.float32)}
+
+
+async def applied_reply(sent: list[Any], version: int, clock: VirtualClock | None = None) -> WeightApplied:
+    for _ in range(3000):
+        found = [m for m in sent if isinstance(m, WeightApplied) and m.version == version]
+        if found:
+            return found[0]
+        if clock is not None:
+            await clock.advance(0.01)
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"no WeightApplied for version {version}")
+
+
+async def test_running_turns_finish_on_their_version_then_the_engine_commits_in_place() -> None:
+    """No needless aborts: a running turn ends on version 0; the engine is never paused or reloaded."""
     runner, engine, clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=b"s" * 32, stage_dir=tmp_path, send=sent.append)
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
     try:
-        runner.submit(turn("busy", max_tokens=900))
-        await clock.advance(0.05)
-        times = await updater.apply(tmp_path / "v1.bin", [], 1)
+        runner.submit(turn("busy", max_tokens=20))
+        await clock.advance(0.01)
+        updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
+        applied = await applied_reply(sent, 1, clock)
+        assert (applied.ok, applied.aborted_turns, applied.full_sync) == (True, 0, True)
+        busy = next(m for m in sent if isinstance(m, TurnResult) and m.turn_id == "busy")
+        assert busy.weight_version == 0  # finished on the weights it started on
+        assert engine.calls == ["stage_weights(v1)", "commit_weights(v1)"]  # no pause, no reload
         assert runner.weight_version == 1 and not updater.updating
-        assert times.aborted_turns == 1
-        parts = (times.abort_s, times.pause_s, times.reload_s, times.resume_s)
-        assert min(parts) >= 0 and sum(parts) <= times.seconds
-        assert [m.reason for m in replies(sent, "busy")] == ["weight_update"]
-        assert engine.calls == ["pause(keep=False, clear_cache=True)", "reload_weights", "resume"]
         runner.submit(turn("old", version=0))
         assert [m.reason for m in replies(sent, "old")] == ["version"]
         runner.submit(turn("new", version=1))
         await clock.run_until(lambda: bool(replies(sent, "new")))
         assert replies(sent, "new")[0].weight_version == 1
-        await asyncio.sleep(0)
-        assert not [m for m in sent if isinstance(m, WeightApplied)]  # apply() itself does not reply
     finally:
+        publisher.close()
         await updater.close()
 
 
-async def test_weight_applied_says_where_the_seconds_went(tmp_path: Path) -> None:
-    """A whole update through rose-transfer onto the twin: the reply's parts are there and fit its whole."""
+async def test_a_turn_past_the_drain_timeout_is_given_back_and_the_version_lands() -> None:
     runner, engine, clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=b"s" * 32, stage_dir=tmp_path, send=sent.append)
-    publisher = DensePublisher(secret=b"s" * 32, host="127.0.0.1", port=0)
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append, drain_timeout_s=0.05)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
     try:
-        runner.submit(turn("busy", max_tokens=900))
-        await clock.advance(0.05)
-        announce = publisher.publish(1, step=1, tensors={"w": np.arange(4096, dtype=np.float32)})
-        updater.announce(announce)
-        for _ in range(2000):
-            if any(isinstance(m, WeightApplied) for m in sent):
-                break
-            await asyncio.sleep(0.01)
-        applied = next(m for m in sent if isinstance(m, WeightApplied))
-        assert (applied.ok, applied.version, applied.error) == (True, 1, "")
-        assert applied.bytes_received >= 4096 * 4 and applied.aborted_turns == 1
-        parts = (applied.abort_seconds, applied.pause_seconds, applied.reload_seconds, applied.resume_seconds)
-        assert min(parts) >= 0 and sum(parts) <= applied.apply_seconds
-        assert applied.queue_seconds >= 0 and applied.transfer_seconds > 0
-        assert applied.transfer_seconds + applied.apply_seconds <= applied.seconds
-        assert engine.calls == ["pause(keep=False, clear_cache=True)", "reload_weights", "resume"]
+        runner.submit(turn("long", max_tokens=900))
+        await clock.advance(0.01)
+        updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
+        applied = await applied_reply(sent, 1)  # the virtual clock stands still: the turn cannot finish
+        assert (applied.ok, applied.aborted_turns) == (True, 1)
+        assert [m.reason for m in replies(sent, "long")] == ["weight_update"]
+        assert applied.drain_seconds >= 0.05
     finally:
         publisher.close()
+        await updater.close()
+
+
+async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_holds() -> None:
+    """Two versions through rose-transfer onto the twin: whole, then patches; the digest is the trainer's."""
+    runner, engine, clock, sent = setup()
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    try:
+        first_announce = publisher.publish(1, step=1, tensors=tensors(1))
+        updater.announce(first_announce)
+        first = await applied_reply(sent, 1)
+        second_announce = publisher.publish(2, step=2, tensors=tensors(2))
+        updater.announce(second_announce)
+        second = await applied_reply(sent, 2)
+        for applied, announce in ((first, first_announce), (second, second_announce)):
+            assert (applied.ok, applied.error) == (True, "")
+            assert applied.weights_digest == announce.manifest_digest
+            parts = (applied.drain_seconds, applied.commit_seconds, applied.retransform_seconds)
+            assert min(parts) >= 0 and applied.commit_seconds <= applied.apply_seconds
+            assert applied.queue_seconds >= 0 and applied.transfer_seconds > 0
+            assert applied.transfer_seconds + applied.apply_seconds <= applied.seconds + 1e-6
+        assert first.full_sync and first.bytes_received >= 4096 * 4
+        assert not second.full_sync and second.bytes_received < first.bytes_received // 10
+        np.testing.assert_array_equal(engine.weights.arrays()["w"], tensors(2)["w"])
+    finally:
+        publisher.close()
+        await updater.close()
+
+
+async def test_a_rotted_base_rolls_the_engine_back_and_the_version_is_pulled_again() -> None:
+    runner, engine, clock, sent = setup()
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    try:
+        updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
+        await applied_reply(sent, 1)
+        engine.weights.stream[8] ^= 0x01  # the held base rotted: its patch cannot reconstruct the bucket
+        announce = publisher.publish(2, step=2, tensors=tensors(2))
+        updater.announce(announce)
+        applied = await applied_reply(sent, 2)
+        assert applied.ok and applied.weights_digest == announce.manifest_digest
+        np.testing.assert_array_equal(engine.weights.arrays()["w"], tensors(2)["w"])
+    finally:
+        publisher.close()
+        await updater.close()
+
+
+async def test_an_unreachable_source_reports_the_failure_and_keeps_the_version() -> None:
+    runner, engine, clock, sent = setup()
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append, fetch_timeout_s=5)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    announce = publisher.publish(1, step=1, tensors=tensors(1))
+    publisher.close()
+    try:
+        updater.announce(announce)
+        applied = await applied_reply(sent, 1)
+        assert not applied.ok and applied.error
+        assert runner.weight_version == 0 and engine.weights_loaded == 0
+        runner.submit(turn("still", version=0))
+        await clock.run_until(lambda: bool(replies(sent, "still")))
+        assert replies(sent, "still")[0].weight_version == 0
+    finally:
         await updater.close()

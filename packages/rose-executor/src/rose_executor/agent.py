@@ -48,7 +48,6 @@ from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
 from rose_executor.engine.latency_profile import load_or_profile
 from rose_executor.engine.model_info import describe_model
-from rose_executor.engine.weight_file import stage_dir
 from rose_executor.memory.serving_first_budget import memory_budget
 from rose_executor.rollout.rollout_runner import RolloutRunner
 from rose_executor.rollout.weight_updater import WeightUpdater
@@ -178,9 +177,10 @@ class ExecutorAgent:
             rollout,
             executor_id=self.executor_id,
             secret=self.options.secret,
-            stage_dir=Path(cfg.weight_stage_dir) if cfg.weight_stage_dir else stage_dir(self.executor_id),
             send=send,
             fetch_timeout_s=cfg.weight_fetch_timeout_s,
+            drain_timeout_s=cfg.weight_drain_timeout_s,
+            relay=cfg.weight_relay,
         )
 
     async def _start_guard(self, serving: Engine, rollout: Engine, runner: RolloutRunner) -> None:

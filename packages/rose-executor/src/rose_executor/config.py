@@ -72,9 +72,12 @@ class ExecutorConfig(ConfigSection):
     """Device memory reserved for serving growth above its usage at the last RL step."""
     memory_high_watermark: float = 0.5
     """Fraction of that headroom serving may use before the emergency cut of the rollout budget."""
-    weight_stage_dir: str = ""
-    """Where fetched weight versions are staged; default /dev/shm/rose-<executor id>."""
     weight_fetch_timeout_s: float = 300.0
+    weight_drain_timeout_s: float = 30.0
+    """How long running turns may take to finish on the old weights before a new version is committed;
+    turns still running then are given back (``weight_update``) and rerouted."""
+    weight_relay: str = ""
+    """Pull weight versions through this relay (``tcp://`` or ``ucx://``), falling back to the source."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -89,6 +92,7 @@ class ExecutorConfig(ConfigSection):
             latency_window_s=self.latency_window_s,
             guard_interval_s=self.guard_interval_s,
             weight_fetch_timeout_s=self.weight_fetch_timeout_s,
+            weight_drain_timeout_s=self.weight_drain_timeout_s,
         )
         require_non_negative(
             slo_from_profile=self.slo_from_profile,

@@ -162,7 +162,8 @@ class Controller:
                 raise TimeoutError(f"executors {pending} did not apply weight version {announce.version} in {timeout:.0f}s")
             self.pump(0.05)
         announce_s = self.clock() - started
-        parts = {eid: ExecutorSync.of(a, self.executors[eid].applied_at[announce.version] - sent_at[eid])
+        parts = {eid: ExecutorSync.of(a, self.executors[eid].applied_at[announce.version] - sent_at[eid],
+                                      announce.manifest_digest)
                  for eid, a in done.items() if eid in sent_at}
         self.last_sync = SyncBreakdown.of(parts, publish_s=publish_s, export_s=export_s, announce_s=announce_s)
         seconds = self.last_sync.seconds

@@ -27,14 +27,21 @@ class ExecutorSync:
     wait_s: float = 0.0
     """``elapsed_s - transfer_s - apply_s`` (never below 0); ``queue_s`` is the part of it seen by the executor."""
     queue_s: float = 0.0
-    abort_s: float = 0.0
-    pause_s: float = 0.0
-    reload_s: float = 0.0
-    resume_s: float = 0.0
+    drain_s: float = 0.0
+    """Running turns finishing on the old version (overlaps ``transfer_s``)."""
+    commit_s: float = 0.0
+    """Part of ``apply_s``: the version written into the engine's parameters in place."""
+    retransform_s: float = 0.0
+    """Part of ``apply_s``: the engine's transforms of the changed weights redone."""
     aborted_turns: int = 0
+    full_sync: bool = False
+    tensors_changed: int = 0
+    digest_ok: bool = True
+    """The engine's reported weights digest equals the announced one (bit-exact with the trainer)."""
 
     @classmethod
-    def of(cls, applied: WeightApplied, elapsed_s: float) -> ExecutorSync:
+    def of(cls, applied: WeightApplied, elapsed_s: float, digest: str) -> ExecutorSync:
+        """``digest``: the announced version's manifest digest (what the trainer published)."""
         own = applied.transfer_seconds + applied.apply_seconds
         return cls(
             bytes_received=applied.bytes_received,
@@ -43,11 +50,13 @@ class ExecutorSync:
             apply_s=applied.apply_seconds,
             wait_s=max(0.0, elapsed_s - own),
             queue_s=applied.queue_seconds,
-            abort_s=applied.abort_seconds,
-            pause_s=applied.pause_seconds,
-            reload_s=applied.reload_seconds,
-            resume_s=applied.resume_seconds,
+            drain_s=applied.drain_seconds,
+            commit_s=applied.commit_seconds,
+            retransform_s=applied.retransform_seconds,
             aborted_turns=applied.aborted_turns,
+            full_sync=applied.full_sync,
+            tensors_changed=applied.tensors_changed,
+            digest_ok=applied.weights_digest == digest,
         )
 
 
@@ -64,6 +73,10 @@ class SyncBreakdown:
     transfer_s: float = 0.0
     apply_s: float = 0.0
     wait_s: float = 0.0
+    digest_mismatches: int = 0
+    """Executors whose engine reported weights other than the announced version's (0 when bit-exact)."""
+    full_syncs: int = 0
+    """Executors that took the version whole (no base to patch)."""
     last: str = ""
     """The executor whose ``WeightApplied`` came last (its parts make up ``announce_s``)."""
     executors: dict[str, ExecutorSync] = field(default_factory=dict)
@@ -84,6 +97,8 @@ class SyncBreakdown:
             transfer_s=max((e.transfer_s for e in parts), default=0.0),
             apply_s=max((e.apply_s for e in parts), default=0.0),
             wait_s=max((e.wait_s for e in parts), default=0.0),
+            digest_mismatches=sum(not e.digest_ok for e in parts),
+            full_syncs=sum(e.full_sync for e in parts),
             last=max(executors, key=lambda eid: executors[eid].elapsed_s, default=""),
             executors=executors,
         )

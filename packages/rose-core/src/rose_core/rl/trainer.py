@@ -16,6 +16,7 @@ from pathlib import Path
 from rose_core.errors import RoseError, require_extra
 from rose_core.rl.models import iter_safetensors_names, quiet_progress
 from rose_core.rl.sample import TrainSample
+from rose_core.weights import EngineLayout
 
 with require_extra("torch, transformers and safetensors (the reference trainer)", "rose-core[train]"):
     import torch
@@ -155,6 +156,10 @@ class PolicyTrainer:
             for row, mask in zip(values, batch.mask, strict=True):
                 result.append(row[mask.bool()].tolist())
         return result
+
+    def engine_layout(self) -> EngineLayout:
+        """How the rollout engines (vLLM) hold this model's tensors, for the publisher to cut."""
+        return EngineLayout(engine="vllm", tie_word_embeddings=bool(self.model.config.tie_word_embeddings))
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """bf16 contiguous copies under the checkpoint's own tensor names (what vLLM's loader maps)."""

@@ -197,7 +197,7 @@ class RLJob:
         t0 = time.monotonic()
         weights = self.trainer.export_weights()
         export_s = time.monotonic() - t0
-        announce = self.publisher.publish(self.version + 1, step, weights)
+        announce = self.publisher.publish(self.version + 1, step, weights, layout=self.trainer.engine_layout())
         publish_s = time.monotonic() - t0
         applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
                                                    publish_s=publish_s, export_s=export_s)

@@ -14,6 +14,8 @@ class RunReport:
     steps: list[StepReport] = field(default_factory=list)
     lost_trajectories: int = 0
     version_mismatches: int = 0
+    weight_digest_mismatches: int = 0
+    """Engines that reported weights other than the trainer's, summed over steps (0: bit-exact)."""
     late_results: int = 0
     turns_rerouted: int = 0
     serving_requests: int = 0
@@ -31,6 +33,7 @@ class RunReport:
             and bool(self.steps)
             and self.lost_trajectories == 0
             and self.version_mismatches == 0
+            and self.weight_digest_mismatches == 0
             and all(s.trajectories > 0 for s in self.steps)
         )
 
@@ -38,6 +41,7 @@ class RunReport:
         self.steps.append(step)
         self.lost_trajectories += step.lost_trajectories
         self.version_mismatches += step.version_mismatches
+        self.weight_digest_mismatches += step.sync_breakdown.digest_mismatches
         self.turns_rerouted += step.turns_rerouted
 
     def to_dict(self) -> dict[str, Any]:

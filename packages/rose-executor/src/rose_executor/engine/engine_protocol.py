@@ -37,6 +37,8 @@ class WeightCommit:
     bytes_received: int = 0
     stage_s: float = 0.0
     """The pull (runs while the engine steps)."""
+    pull_wait_s: float = 0.0
+    """How long the commit waited for the rest of the pull (the part of ``stage_s`` it did not overlap)."""
     commit_s: float = 0.0
     """Writing the patches (or dense buckets) in place with their checksums."""
     retransform_s: float = 0.0

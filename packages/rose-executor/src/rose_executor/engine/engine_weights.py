@@ -26,7 +26,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 
@@ -34,7 +33,6 @@ from rose_core.errors import RoseError
 from rose_core.messages import TensorEntry, WeightAnnounce, WeightManifest
 from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
 from rose_transfer.resident.resident_weights import ResidentWeights
-from rose_transfer.version.manifest import bucket_checksum, manifest_digest
 from rose_transfer.version.torch_tensors import as_tensor
 from rose_transfer.wire.loop_thread import LoopThread
 
@@ -48,6 +46,8 @@ class CommitReport:
     version: int
     bytes_received: int
     stage_s: float
+    pull_wait_s: float
+    """How long ``commit`` waited for the rest of the pull (part of ``stage_s``)."""
     commit_s: float
     retransform_s: float
     full_sync: bool
@@ -104,7 +104,9 @@ class EngineWeights:
         staging, self._staging = self._staging, None
         if staging is None or self._loop is None or self._fetcher is None:
             raise RoseError(f"weight version {version} was never staged in this worker: stage it first")
+        waiting = time.perf_counter()
         staged = staging.result(timeout_s)
+        pull_wait_s = time.perf_counter() - waiting
         if staged.version != version:
             staged.discard()
             raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
@@ -125,6 +127,7 @@ class EngineWeights:
             version=version,
             bytes_received=staged.bytes_received,
             stage_s=staged.stage_seconds,
+            pull_wait_s=pull_wait_s,
             commit_s=committed - started,
             retransform_s=done - committed,
             full_sync=full,
@@ -145,14 +148,9 @@ class EngineWeights:
             staging.result().discard()
 
     def digest(self) -> str:
-        """The manifest digest of what the stream holds now, every bucket re-hashed (O(model))."""
-        manifest = self._manifest()
-        stream = self.target.stream
-        buckets = [
-            msgspec.structs.replace(b, checksum=bucket_checksum(stream[b.offset : b.offset + b.nbytes]))
-            for b in manifest.buckets
-        ]
-        return manifest_digest(msgspec.structs.replace(manifest, buckets=buckets))
+        """The manifest digest of what the engine holds now, every bucket re-hashed (O(model))."""
+        self._manifest()
+        return self.target.digest()
 
     def close(self) -> None:
         self.discard()
@@ -169,14 +167,11 @@ class EngineWeights:
 
     def _propagate(self, manifest: WeightManifest, touched: list[TensorEntry], full: bool) -> tuple[int, int]:
         """Make the model hold the committed stream; returns (tensors changed, modules re-transformed)."""
-        if full:
-            self._binding = _bind(self.model, self.target, manifest)
-            binding = self._binding
+        if full or self._binding is None:
+            binding = self._binding = _bind(self.model, self.target, manifest)
             changed = list(binding.tensors.values())
         else:
             binding = self._binding
-            if binding is None:
-                raise RuntimeError("patches are committed only to a bound model")
             changed = [binding.tensors[e.name] for e in touched]
         with torch.no_grad():
             for bound in changed:
@@ -265,4 +260,5 @@ def _retransform(tensors: list[_Bound]) -> None:
     module = tensors[0].module
     for bound in tensors:
         setattr(module, bound.attr, torch.nn.Parameter(bound.view, requires_grad=False))
-    module.quant_method.process_weights_after_loading(module)
+    method: Any = getattr(module, "quant_method")  # noqa: B009 (an engine attribute torch does not type)
+    method.process_weights_after_loading(module)

@@ -8,28 +8,38 @@ each step lasts ``model.step_s(decode batch, prefill tokens)`` and ends with one
 sequence and the first token of every sequence whose prefill it completed. ``pause(keep_requests=True)``
 lands between steps (the step in flight still finishes, as in vLLM); ``abort`` ends a request with reason
 ``abort``; ``live_requests()`` stamps arrival and last token on the clock. Prefix caching keeps 128-token
-blocks of finished prompts (dropped on a weight reload); token ids are a deterministic function of the
-prompt, the position and how many times weights were reloaded.
+blocks of finished prompts (dropped on a weight commit); token ids are a deterministic function of the
+prompt, the position and how many weight versions were committed. Weight versions are pulled for real
+(rose-transfer's ``WeightFetcher``) into ``weights`` (``ResidentWeights``): patches, checksums and
+rollback are the real ones, only the model is missing.
 
-What it records for tests: ``calls`` (``pause(keep=...)``, ``resume``, ``reload_weights`` in order),
+What it records for tests: ``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights`` in order),
 ``started`` (request ids in the order ``generate`` was called), ``aborted`` and ``listeners``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rose_core.errors import RoseError
-from rose_core.messages import SamplingParams, TensorEntry
+from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel, LiveRequest
 from rose_executor.engine.clock import WALL_CLOCK, Clock, Timer
-from rose_executor.engine.engine_protocol import ActivityListener, EngineStatsObserver, GenerationOutput
+from rose_executor.engine.engine_protocol import (
+    ActivityListener,
+    EngineStatsObserver,
+    GenerationOutput,
+    WeightCommit,
+    WeightOrder,
+)
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
+from rose_transfer.resident.resident_weights import ResidentWeights
 
 BLOCK_TOKENS = 128
 """Prefix-cache block (vLLM's CPU backend uses 128-token blocks)."""
@@ -82,7 +92,11 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.listeners: list[ActivityListener] = []
         self.weights_loaded = 0
-        """How many times ``reload_weights`` ran (token ids change with it)."""
+        """How many versions were committed (token ids change with it)."""
+        self.weights = ResidentWeights()
+        """What the twin holds, pulled for real by ``stage_weights``/``commit_weights``."""
+        self._fetcher: WeightFetcher | None = None
+        self._staging: asyncio.Future[StagedVersion] | None = None
         self._requests: dict[str, _Request] = {}
         self._paused = False
         self._shut_down = False
@@ -163,11 +177,54 @@ class FakeEngine:
     def attach_observer(self, observer: EngineStatsObserver) -> None:
         self._observer = observer
 
-    async def reload_weights(self, path: str | os.PathLike[str], entries: Sequence[TensorEntry]) -> float:
-        self.calls.append("reload_weights")
+    async def stage_weights(self, order: WeightOrder) -> None:
+        """Pull the version for real (rose-transfer, in this process) into the twin's resident weights."""
+        self.calls.append(f"stage_weights(v{order.announce.version})")
+        await self.discard_weights()
+        if self._fetcher is None:
+            self._fetcher = WeightFetcher(order.secret, order.receiver_id)
+        fetcher = self._fetcher
+        self._staging = asyncio.ensure_future(
+            fetcher.stage_into(order.announce, self.weights, relay=order.relay or None)
+        )
+
+    async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
+        self.calls.append(f"commit_weights(v{version})")
+        staging, self._staging = self._staging, None
+        if staging is None or self._fetcher is None:
+            raise RoseError(f"weight version {version} was never staged in this engine: stage it first")
+        waiting = time.perf_counter()
+        staged = await asyncio.wait_for(staging, timeout_s)
+        pull_wait_s = time.perf_counter() - waiting
+        if staged.version != version:
+            staged.discard()
+            raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
+        full = self.weights.version < 0
+        started = time.perf_counter()
+        await self._fetcher.commit_staged(staged)
+        offsets, dense = staged.touched()
         self.weights_loaded += 1
         self._cache.clear()
-        return 0.0
+        return WeightCommit(
+            version=version,
+            bytes_received=staged.bytes_received,
+            stage_s=staged.stage_seconds,
+            pull_wait_s=pull_wait_s,
+            commit_s=time.perf_counter() - started,
+            full_sync=full,
+            tensors_changed=int(offsets.size > 0) + len(dense),
+            digest=self.weights.digest(),
+        )
+
+    async def discard_weights(self) -> None:
+        staging, self._staging = self._staging, None
+        if staging is None:
+            return
+        if not staging.done():
+            staging.cancel()
+            await asyncio.gather(staging, return_exceptions=True)
+        elif staging.exception() is None:
+            staging.result().discard()
 
     async def openai_app(self, served_model_name: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""

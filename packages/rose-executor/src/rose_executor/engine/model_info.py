@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from pathlib import Path
 from typing import Any, Literal
 
 from rose_core.messages import ModelInfo
-from rose_executor.engine.weight_file import read_safetensors_header
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8}
 
@@ -33,6 +33,14 @@ def count_parameters(model_dir: Path) -> int:
             if name != "__metadata__":
                 total += math.prod(info["shape"])
     return total
+
+
+def read_safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and the offset where its tensor bytes start."""
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header: dict[str, Any] = json.loads(f.read(length))
+    return header, 8 + length
 
 
 def kv_bytes_per_token_of(model_dir: str | Path) -> int:

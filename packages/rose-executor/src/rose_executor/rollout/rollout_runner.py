@@ -198,6 +198,22 @@ class RolloutRunner:
         metrics.ROLLOUT_TURNS.labels("cancelled").inc()
         return True
 
+    async def drain(self, timeout_s: float, reason: str) -> int:
+        """Let the running turns finish on the weights they started on (up to ``timeout_s``); turns still
+        waiting for the guard, and those past the timeout, are given back with ``reason``. Returns how
+        many were given back. Call after ``refuse`` so no new turn starts meanwhile."""
+        waiting = [t for t in self._turns.values() if not t.released.is_set()]
+        for turn in waiting:
+            self._abort_turn(turn, reason)
+        tasks = [t.task for t in self._turns.values() if t.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        late = [t for t in self._turns.values() if t.task is not None and not t.task.done()]
+        for turn in late:
+            self._abort_turn(turn, reason)
+        await asyncio.gather(*(t.task for t in waiting + late if t.task is not None), return_exceptions=True)
+        return len(waiting) + len(late)
+
     async def abort_all(self, reason: str) -> int:
         """Give every in-flight turn back with ``reason``; returns how many."""
         turns = list(self._turns.values())

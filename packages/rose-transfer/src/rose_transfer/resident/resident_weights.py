@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 
+import msgspec
 import numpy as np
 
 from rose_core.messages import WeightManifest
 from rose_transfer.resident.undo_log import UndoLog
 from rose_transfer.version.host_buffer import host_buffer
-from rose_transfer.version.manifest import tensor_views
+from rose_transfer.version.manifest import bucket_checksum, manifest_digest, tensor_views
 
 
 class ResidentWeights:
@@ -39,6 +40,18 @@ class ResidentWeights:
             and held.view == manifest.view
             and [(b.offset, b.nbytes) for b in held.buckets] == [(b.offset, b.nbytes) for b in manifest.buckets]
         )
+
+    def digest(self) -> str:
+        """The manifest digest of what the stream holds now, every bucket re-hashed (reads it all once):
+        equal to the held version's ``manifest.digest`` exactly when the bytes are that version's."""
+        if self.manifest is None:
+            return ""
+        stream = self.stream
+        buckets = [
+            msgspec.structs.replace(b, checksum=bucket_checksum(stream[b.offset : b.offset + b.nbytes]))
+            for b in self.manifest.buckets
+        ]
+        return manifest_digest(msgspec.structs.replace(self.manifest, buckets=buckets))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Each tensor as a view of the resident stream (bfloat16 as int16 bits)."""
