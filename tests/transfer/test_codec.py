@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rose_transfer.codec import changed_words as changed_words_module
 from rose_transfer.codec.bucket_codec import DENSE, PATCH, CodecError, decode_bucket, encode_bucket
 from rose_transfer.codec.changed_words import changed_words
-from rose_transfer.codec.sparse_patch import HEADER
+from rose_transfer.codec.sparse_patch import HEADER, apply_patch, build_patch
 from rose_transfer.codec.varint import VarintError, decode_varints, encode_varints
 
 
@@ -65,6 +65,27 @@ def test_buckets_mixing_dense_and_sparse_chunks(monkeypatch: pytest.MonkeyPatch,
     encoded = encode_bucket(base.view(np.uint8), new.view(np.uint8))
     assert encoded.encoding == PATCH
     assert HEADER.unpack(encoded.payload[: HEADER.size].tobytes())[3] == kind
+    assert decode_bucket(PATCH, encoded.payload, base.view(np.uint8)).tobytes() == new.tobytes()
+
+
+def test_gap_codings_tying_with_the_bitmap_is_a_patch() -> None:
+    """Every 8th bf16 word changed: a dense chunk (half its uint64 words differ) whose gap codings'
+    lower bound (one byte per change) ties exactly with the bitmap (one bit per word). The tie goes to
+    byte gaps, so their exact size must be known (it used to raise RuntimeError)."""
+    n = 80_000
+    base = np.random.default_rng(5).integers(0, 1 << 16, n, dtype=np.uint16)
+    new = base.copy()
+    new[::8] ^= 1
+    payload = build_patch(base.view(np.uint8), new.view(np.uint8), 2)
+    assert payload is not None
+    _, _, _, kind, _, count, position_bytes = HEADER.unpack(payload[: HEADER.size].tobytes())
+    assert (count, position_bytes) == (n // 8, n // 8)  # the tie: gaps of 7, one byte each == the bitmap
+    assert kind == 2  # byte gaps, which win ties
+    out = np.empty(2 * n, dtype=np.uint8)
+    apply_patch(payload, base.view(np.uint8), out)
+    assert out.tobytes() == new.tobytes()
+    encoded = encode_bucket(base.view(np.uint8), new.view(np.uint8))
+    assert encoded.encoding == PATCH
     assert decode_bucket(PATCH, encoded.payload, base.view(np.uint8)).tobytes() == new.tobytes()
 
 

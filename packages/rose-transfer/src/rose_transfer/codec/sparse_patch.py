@@ -66,7 +66,9 @@ def build_patch(base: np.ndarray, new: np.ndarray, word_bytes: int) -> np.ndarra
     changes = _scan(base, new, word_bytes, limit=new.nbytes - fixed)
     if changes is None:
         return None
-    if changes.mask is not None and min(changes.varint_bytes, changes.byte_gaps) < bitmap_bytes:
+    # dense parts count 1 byte per change for the gap codings (a lower bound); a tie with the bitmap
+    # goes to a gap coding below, so its exact size is needed then too
+    if changes.mask is not None and min(changes.varint_bytes, changes.byte_gaps) <= bitmap_bytes:
         _exact_gap_bytes(changes)
     sizes = {_BYTE_GAPS: changes.byte_gaps, _VARINT: changes.varint_bytes, _BITMAP: bitmap_bytes}
     if n_words - 1 > MAX_GAP:

@@ -6,7 +6,8 @@ receiver's ``have_version`` included, so patches stay patches); the publisher's 
 cached and sent to every receiver that asks the same, so concurrent receivers share one upstream
 pull per (version, bucket, base). Pipelined: receivers keep several buckets in flight, so the relay
 serves bucket i while bucket i+1 is on the slow link. If the relay dies, receivers fall back to the
-publisher (``WeightFetcher.fetch(..., relay=...)``). Only the two newest versions stay cached."""
+publisher (``WeightFetcher.fetch(..., relay=...)``). Only the two newest versions stay cached.
+``open_ucx()`` serves the same cache over UCX too."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rose_transfer.serve.upstream_link import UpstreamLink
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.wire.loop_thread import LoopThread
 from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source
+from rose_transfer.wire.ucx_transport import ucx_listen
 
 log = logging.getLogger(__name__)
 _KEEP_VERSIONS = 2
@@ -80,6 +82,8 @@ class Relay:
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
         self._listener = bind_listener(host, port)
+        self._host = host
+        self._ucx_listeners: list[Any] = []
         self.source = format_source(advertised_host(host), int(self._listener.getsockname()[1]))
         self.relay_id = relay_id or f"relay@{self.source}"
         self._thread = LoopThread(f"rose-relay-{self.source}")
@@ -94,11 +98,23 @@ class Relay:
         """Bytes received from the publisher so far (what crossed the slow link to this relay)."""
         return self._upstream.bytes_received
 
+    def open_ucx(self) -> str:
+        """Serve receivers over UCX too (needs the ``[ucx]`` extra); returns its ``ucx://`` source."""
+
+        async def start() -> str:
+            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host))
+            self._ucx_listeners.append(listener)
+            return source
+
+        return self._thread.submit(start()).result()
+
     def close(self) -> None:
         """Stop serving and drop every connection (receivers then fall back to the publisher)."""
         if self._closed:
             return
         self._closed = True
+        for ucx in self._ucx_listeners:
+            self._thread.loop.call_soon_threadsafe(ucx.close)
         self._listener.close()
         self._thread.stop()
         self._server.close()

@@ -103,9 +103,19 @@ class UcxFrameSocket:
 
 
 async def ucx_connect(source: str, timeout: float) -> UcxFrameSocket:
+    """A connected ``UcxFrameSocket`` to ``source``. A failed connect raises ``TimeoutError`` or
+    ``ConnectionError`` (both OSError, as a TCP connect's failures are), never ucxx's own exception types
+    (``UCXXNotConnectedError``, ``UCXXCanceledError``, ...: plain Exceptions): callers such as the
+    fetcher's fallback from a dead relay to the source handle transport failures as OSError."""
     host, port = parse_ucx_source(source)
     ucxx = ucxx_module()
-    endpoint = await asyncio.wait_for(ucxx.create_endpoint(host, port), timeout)
+    fix = "check that a publisher or relay serves UCX at that address (or give its tcp:// source)"
+    try:
+        endpoint = await asyncio.wait_for(ucxx.create_endpoint(host, port), timeout)
+    except TimeoutError as exc:  # ours or ucxx's own connect timeout (5 s per handshake step)
+        raise TimeoutError(f"no UCX connection to {source} (timed out): {fix}") from exc
+    except Exception as exc:  # ucxx raises its own types for a dead, closed or unresolvable peer
+        raise ConnectionError(f"cannot connect to {source} over UCX ({type(exc).__name__}: {exc}): {fix}") from exc
     return UcxFrameSocket(endpoint)
 
 
