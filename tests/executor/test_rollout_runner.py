@@ -157,7 +157,7 @@ async def test_a_turn_past_the_drain_timeout_is_given_back_and_the_version_lands
 
 async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_holds() -> None:
     """Two versions through rose-transfer onto the twin: whole, then patches; the digest is the trainer's."""
-    runner, engine, clock, sent = setup()
+    runner, engine, _clock, sent = setup()
     updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
     publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
     try:
@@ -183,7 +183,7 @@ async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_ho
 
 
 async def test_a_rotted_base_rolls_the_engine_back_and_the_version_is_pulled_again() -> None:
-    runner, engine, clock, sent = setup()
+    runner, engine, _clock, sent = setup()
     updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
     publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
     try:
