@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,17 +28,22 @@ async def monitor() -> ServingMonitor:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server(serving_dir: Path, monitor: ServingMonitor) -> AsyncIterator[OpenAIServer]:
-    started = time.perf_counter()
+async def serving_engine(serving_dir: Path, monitor: ServingMonitor) -> AsyncIterator[VllmEngine]:
     engine = await VllmEngine.create(
         serving_dir, purpose="serving", kv_cache_gib=0.5, max_num_seqs=8, max_model_len=1024, observer=monitor
     )
+    yield engine
+    engine.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(serving_engine: VllmEngine) -> AsyncIterator[OpenAIServer]:
+    started = time.perf_counter()
     server = OpenAIServer("127.0.0.1", 0)
-    await server.start(engine, MODEL)
-    print(f"\nserving engine + OpenAI server start: {time.perf_counter() - started:.1f} s")
+    await server.start(serving_engine, MODEL)
+    print(f"\nOpenAI server start: {time.perf_counter() - started:.1f} s")
     yield server
     await server.stop()
-    engine.shutdown()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -104,3 +111,17 @@ async def test_latency_comes_from_vllm_stats(monitor: ServingMonitor, client: op
 async def test_busy_port_is_one_clear_line(server: OpenAIServer) -> None:
     with pytest.raises(RoseError, match=r"serving port 127\.0\.0\.1:\d+ is already in use: set `serving_port`"):
         OpenAIServer("127.0.0.1", server.port).reserve()
+
+
+async def test_mounting_vllms_app_leaves_the_executors_log_level_alone(serving_engine: VllmEngine) -> None:
+    """vLLM's app imports a package that sets the root logger to ERROR on import (it silenced every INFO
+    line of the serving executor); building the app keeps the caller's level."""
+    for name in [m for m in sys.modules if m.startswith("model_hosting_container_standards")]:
+        del sys.modules[name]  # its import-time side effect runs again
+    before = logging.root.level
+    logging.root.setLevel(15)
+    try:
+        await serving_engine.openai_app(MODEL)
+        assert logging.root.level == 15
+    finally:
+        logging.root.setLevel(before)

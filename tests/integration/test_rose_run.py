@@ -65,6 +65,18 @@ def test_serving_endpoint_answered_throughout(run_report: dict) -> None:
     assert run_report["serving_failed_requests"] == 0
 
 
+def test_every_engine_holds_the_trainers_weights_patched_in_place(run_report: dict) -> None:
+    """Each step's version lands bit-exact in every engine (its digest is the published one); only the
+    first version comes whole, every later one as patches against the version the engine holds."""
+    assert run_report["weight_digest_mismatches"] == 0
+    first, *rest = run_report["steps"]
+    assert all(e["digest_ok"] and e["full_sync"] for e in first["sync_breakdown"]["executors"].values())
+    for step in rest:
+        for parts in step["sync_breakdown"]["executors"].values():
+            assert parts["digest_ok"] and not parts["full_sync"]
+            assert parts["aborted_turns"] == 0  # staleness 0: nothing runs during a sync, nothing is aborted
+
+
 def test_per_step_table_is_printed(run_report: dict) -> None:
     assert "reward" in run_report["_stdout"] and "TTFT p99 ms" in run_report["_stdout"]
 
@@ -80,8 +92,9 @@ def test_every_step_says_where_its_weight_sync_went(run_report: dict) -> None:
         assert sync["export_s"] <= sync["publish_s"]
         assert sync["publish_s"] + sync["announce_s"] <= step["sync_seconds"] + 1e-6
         for parts in sync["executors"].values():
-            assert min(parts[k] for k in ("transfer_s", "apply_s", "wait_s", "reload_s", "queue_s")) >= 0
+            assert min(parts[k] for k in ("transfer_s", "apply_s", "wait_s", "commit_s", "queue_s")) >= 0
             assert parts["bytes_received"] > 0
-            assert parts["reload_s"] <= parts["apply_s"] and parts["queue_s"] <= parts["wait_s"] + 1e-6
+            assert parts["commit_s"] + parts["retransform_s"] <= parts["apply_s"]
+            assert parts["queue_s"] <= parts["wait_s"] + 1e-6
             assert sync["publish_s"] + parts["transfer_s"] + parts["apply_s"] + parts["wait_s"] <= (
                 step["sync_seconds"] + 1e-6)

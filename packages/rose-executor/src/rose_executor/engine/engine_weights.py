@@ -121,6 +121,7 @@ class EngineWeights:
         except BaseException:
             self.target.forget()  # some modules may hold the new bytes: the next version is a full sync
             self._binding = None
+            self.target.pinned = False
             raise
         done = time.perf_counter()
         return CommitReport(
@@ -207,8 +208,8 @@ def _param(bound: _Bound) -> torch.Tensor:
 
 
 def _bind(model: torch.nn.Module, target: ResidentWeights, manifest: WeightManifest) -> _Binding:
-    """Every model parameter bound to its stream tensor; a name or shape that does not match raises."""
-    target.pinned = True
+    """Every model parameter bound to its stream tensor; a name or shape that does not match raises
+    before any parameter is touched."""
     arrays = target.arrays()
     binding = _Binding()
     params = dict(model.named_parameters())
@@ -230,11 +231,13 @@ def _bind(model: torch.nn.Module, target: ResidentWeights, manifest: WeightManif
         packed = hasattr(module, "cpu_linear") and hasattr(module, "quant_method")
         bound = _Bound(entry, module, attr, view, packed)
         _check_shape(bound, params[entry.name])
-        if not packed and params[entry.name].device.type == "cpu":
-            params[entry.name].data = view
         binding.tensors[entry.name] = bound
         if packed:
             binding.packed.setdefault(id(module), []).append(bound)
+    target.pinned = True
+    for name, bound in binding.tensors.items():
+        if not bound.packed and params[name].device.type == "cpu":
+            params[name].data = bound.view
     return binding
 
 

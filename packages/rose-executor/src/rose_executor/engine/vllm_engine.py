@@ -247,8 +247,14 @@ class VllmEngine:
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)  # type: ignore[no-untyped-call]
         llm = self.llm
         tasks = await llm.get_supported_tasks()
-        app = build_app(args, tasks, llm.model_config)
-        await init_app_state(llm, app.state, args, tasks)
+        # Building the app imports model_hosting_container_standards, which sets the root logger to ERROR
+        # on import: every INFO line of this executor would vanish from then on. Keep the caller's level.
+        root_level = logging.root.level
+        try:
+            app = build_app(args, tasks, llm.model_config)
+            await init_app_state(llm, app.state, args, tasks)
+        finally:
+            logging.root.setLevel(root_level)
         return app
 
 

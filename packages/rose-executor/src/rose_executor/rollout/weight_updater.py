@@ -30,6 +30,8 @@ class UpdateTimes:
     """Where one update went (seconds): queued behind the loop, the drain, the apply, the engine's parts."""
 
     queue_s: float = 0.0
+    stage_call_s: float = 0.0
+    """The call that starts the pull in the engine (an RPC to its workers)."""
     drain_s: float = 0.0
     aborted_turns: int = 0
     apply_s: float = 0.0
@@ -113,7 +115,9 @@ class WeightUpdater:
 
     async def _update(self, announce: WeightAnnounce, times: UpdateTimes) -> None:
         """Stage ``announce`` in the engine, let running turns finish, commit; notes the times."""
+        mark = time.perf_counter()
         await self.engine.stage_weights(WeightOrder(announce, self._secret, self.executor_id, self.relay))
+        times.stage_call_s = time.perf_counter() - mark
         self.updating = True
         self.runner.refuse("weight_update")
         try:
@@ -145,9 +149,9 @@ class WeightUpdater:
     def _log_applied(self, version: int, seconds: float, times: UpdateTimes) -> None:
         commit = times.commit or WeightCommit(version)
         log.info(
-            "weight version %d applied in %.3f s (queued %.3f s; pull %.3f s, %d bytes%s; drain %.3f s, "
-            "%d turns given back; apply %.3f s: commit %.3f s, retransform %.3f s, %d tensors changed)",
-            version, seconds, times.queue_s, commit.stage_s, commit.bytes_received,
+            "weight version %d applied in %.3f s (queued %.3f s; stage call %.3f s; pull %.3f s, %d bytes%s; "
+            "drain %.3f s, %d turns given back; apply %.3f s: commit %.3f s, retransform %.3f s, %d tensors changed)",
+            version, seconds, times.queue_s, times.stage_call_s, commit.stage_s, commit.bytes_received,
             ", full sync" if commit.full_sync else "", times.drain_s, times.aborted_turns, times.apply_s,
             commit.commit_s, commit.retransform_s, commit.tensors_changed,
         )

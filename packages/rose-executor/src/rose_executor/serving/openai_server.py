@@ -81,7 +81,9 @@ class OpenAIServer:
         except BaseException:
             sock.close()
             raise
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5)
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=5, log_config=None
+        )  # log_config=None: leave the executor's logging alone (uvicorn's dictConfig silenced it)
         server = self._server = _QuietServer(config)
         self._task = asyncio.create_task(self._serve(server, sock), name="openai-server")
         while not server.started:
