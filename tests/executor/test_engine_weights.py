@@ -104,7 +104,7 @@ def test_a_version_of_another_model_is_refused_by_name_and_by_shape(publisher: S
     try:
         state = checkpoint(1)
         state["c.weight"] = torch.zeros(2, 2)
-        with pytest.raises(RoseError, match="has c.weight, which the engine's model does not"):
+        with pytest.raises(RoseError, match=r"has c\.weight, which the engine's model does not"):
             pull(weights, publisher, 1, state)
         state = checkpoint(1)
         state["a.weight"] = torch.zeros(5, 4)

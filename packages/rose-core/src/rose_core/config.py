@@ -21,6 +21,7 @@ from rose_core.config_support import (
 )
 
 __all__ = [
+    "ClusterConfig",
     "ConfigSection",
     "ControllerConfig",
     "ExecutorsConfig",
@@ -136,6 +137,35 @@ class ExecutorsConfig(ConfigSection):
         require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity)
 
 
+RELAY_START = "start"
+RELAY_NONE = "none"
+TRANSPORTS = ("tcp", "ucx")
+
+
+class ClusterConfig(ConfigSection):
+    """Executors that sit behind one link from the trainer's cluster (weights cross it once per version).
+
+    ``relay``: ``"start"`` (`rose run` starts a relay for this cluster and its executors pull through it),
+    a ``tcp://host:port`` or ``ucx://host:port`` relay already running there (`rose-transfer relay`), or
+    ``"none"``. ``transport``: how this cluster's executors reach a started relay (``tcp`` or ``ucx``).
+    Executors in no cluster sit with the trainer and pull from the publisher directly."""
+
+    name: str = ""
+    executors: list[str] = msgspec.field(default_factory=list)
+    relay: str = RELAY_START
+    transport: str = "tcp"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("every cluster needs a `name`")
+        if not self.executors:
+            raise ValueError(f"cluster {self.name!r} lists no `executors` (ids such as \"serving-0\")")
+        if self.relay not in (RELAY_START, RELAY_NONE) and not self.relay.startswith(("tcp://", "ucx://")):
+            raise ValueError(f"cluster {self.name!r}: `relay` is \"start\", \"none\" or a tcp:// / ucx:// address")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"cluster {self.name!r}: `transport` is one of {list(TRANSPORTS)}")
+
+
 class RunConfig(ConfigSection):
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
@@ -147,6 +177,23 @@ class RunConfig(ConfigSection):
     """Weight data plane from the `rose.weight_publishers` entry points: `sparse` (patches against the receiver's version) or `dense`."""
     models_dir: str = ".rose/models"
     run_dir: str = ".rose/run"
+    clusters: list[ClusterConfig] = msgspec.field(default_factory=list)
+    """Where the executors sit (`[[clusters]]`); executors in none sit with the trainer."""
+
+    def __post_init__(self) -> None:
+        known = {f"dedicated-{i}" for i in range(self.executors.dedicated)}
+        known |= {f"serving-{i}" for i in range(self.executors.serving)}
+        placed: dict[str, str] = {}
+        for cluster in self.clusters:
+            for executor in cluster.executors:
+                if executor not in known:
+                    raise ValueError(f"cluster {cluster.name!r} lists {executor!r}: this job runs {sorted(known)}")
+                if executor in placed:
+                    raise ValueError(f"{executor!r} is in clusters {placed[executor]!r} and {cluster.name!r}: pick one")
+                placed[executor] = cluster.name
+        names = [c.name for c in self.clusters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster names repeat: {names}")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> RunConfig:

@@ -171,6 +171,8 @@ class WeightAnnounce(_Msg, tag="weight_announce"):
     source: str
     manifest_digest: str = ""
     total_bytes: int = 0
+    relay: str = ""
+    """Pull through this relay (the receiver's cluster's, ``[[clusters]]``), falling back to ``source``."""
 
 
 class WeightApplied(_Msg, tag="weight_applied"):

@@ -30,8 +30,25 @@ class EngineLayout:
     """Rows of the embedding and the head, zero-padded to a multiple of this (vLLM pads to 64)."""
 
 
+class WeightRelay(Protocol):
+    """A relay in a remote cluster: receivers there pull through ``source``; each version crosses the link
+    to it once (``upstream_bytes`` counts what crossed)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def upstream_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class WeightPublisher(Protocol):
     """Serves weight versions to receivers that pull them."""
+
+    def start_relay(self, relay_id: str, *, transport: str = "tcp") -> WeightRelay:
+        """Start a relay of this publisher (receivers reach it over ``transport``: ``tcp`` or ``ucx``)."""
+        ...
 
     def publish(
         self, version: int, step: int, tensors: Mapping[str, Any], *, layout: EngineLayout | None = None

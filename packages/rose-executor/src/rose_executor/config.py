@@ -77,7 +77,8 @@ class ExecutorConfig(ConfigSection):
     """How long running turns may take to finish on the old weights before a new version is committed;
     turns still running then are given back (``weight_update``) and rerouted."""
     weight_relay: str = ""
-    """Pull weight versions through this relay (``tcp://`` or ``ucx://``), falling back to the source."""
+    """Pull weight versions through this relay (``tcp://`` or ``ucx://``), falling back to the source, when the
+    controller names none (its ``[[clusters]]`` config does, per executor)."""
 
     def __post_init__(self) -> None:
         require_positive(

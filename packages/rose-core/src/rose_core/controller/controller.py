@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Never
 
+import msgspec
 import numpy as np
 
 from rose_core.channel import ControlServer
@@ -93,6 +94,8 @@ class Controller:
         self.history: list[StepStatus] = []
         self.weight_sync = (0.0, 0)
         self.last_sync = SyncBreakdown()
+        self.relays: dict[str, str] = {}
+        """executor id -> the relay its cluster pulls weights through (``[[clusters]]``)."""
         self.finished = False
         self._peers: dict[bytes, str] = {}
         self._observers: set[bytes] = set()
@@ -151,7 +154,8 @@ class Controller:
         sent_at: dict[str, float] = {}
         for eid, peer in targets.items():
             sent_at[eid] = self.clock()
-            self.server.send(peer, announce)
+            relay = self.relays.get(eid, "")
+            self.server.send(peer, msgspec.structs.replace(announce, relay=relay) if relay else announce)
         while True:
             done = {eid: rec.applied[announce.version] for eid, rec in self.executors.items()
                     if announce.version in rec.applied}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +27,7 @@ from rose_core.rl.grpo import build_samples
 from rose_core.rl.sample import TrainSample
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.scheduler import TurnTicket
-from rose_core.weights import WeightPublisher
+from rose_core.weights import EngineLayout, WeightPublisher, WeightRelay
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class Trainer(Protocol):
     def train_step(self, samples: list[TrainSample]) -> Any: ...
 
     def export_weights(self) -> dict[str, Any]: ...
+
+    def engine_layout(self) -> EngineLayout: ...
 
 
 @dataclass(slots=True)
@@ -61,6 +63,8 @@ class StepReport:
     train_loss: float = 0.0
     sync_breakdown: SyncBreakdown = field(default_factory=SyncBreakdown)
     """Where ``sync_seconds`` went (``rose_core.controller.weight_sync``; ``docs/controller.md``)."""
+    link_bytes: dict[str, int] = field(default_factory=dict)
+    """Per cluster with a started relay: bytes of this step's version that crossed the link to it."""
 
 
 @dataclass(slots=True)
@@ -85,6 +89,7 @@ class RLJob:
         serving: LoadGenerator | None = None,
         watchdog: Callable[[], None] | None = None,
         on_progress: Callable[[StepStatus], None] | None = None,
+        relays: Mapping[str, WeightRelay] | None = None,
     ) -> None:
         self.controller = controller
         self.config = config
@@ -94,8 +99,10 @@ class RLJob:
         self.serving = serving
         self.watchdog = watchdog or (lambda: None)
         self.on_progress = on_progress or (lambda _status: None)
+        self.relays = dict(relays or {})
         self.version = 0
         self._rollout: _Rollout | None = None
+        self._link_before: dict[str, int] = {}
         controller.on_result = self._on_result
 
     # ---------------------------------------------------------------- one step
@@ -121,6 +128,8 @@ class RLJob:
         report.turns_rerouted = self.controller.stats.reroutes - reroutes_before
         report.train_loss = float(getattr(stats, "loss", 0.0))
         report.sync_breakdown = self.controller.last_sync
+        report.link_bytes = {name: relay.upstream_bytes - self._link_before.get(name, 0)
+                             for name, relay in self.relays.items()}
         self._set_phase(rollout, "done", report.reward_mean)
         self.controller.history.append(self.controller.step_status)  # type: ignore[arg-type]
         return report
@@ -194,6 +203,7 @@ class RLJob:
     # ---------------------------------------------------------------- weights
 
     def _ship_weights(self, step: int) -> tuple[float, int]:
+        self._link_before = {name: relay.upstream_bytes for name, relay in self.relays.items()}
         t0 = time.monotonic()
         weights = self.trainer.export_weights()
         export_s = time.monotonic() - t0

@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
-from rose_core.config import RunConfig
+from rose_core.config import RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.errors import MissingExtraError, RoseError
 from rose_core.messages import StepStatus
@@ -31,7 +31,7 @@ from rose_core.run.child_processes import ChildProcesses
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.run.rl_job import RLJob, StepReport
 from rose_core.run.run_report import RunReport
-from rose_core.weights import WeightPublisher, load_publisher
+from rose_core.weights import WeightPublisher, WeightRelay, load_publisher
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -107,6 +107,8 @@ class Launch:
         self.children = ChildProcesses(self.run_dir / "logs")
         self.controller: Controller | None = None
         self.publisher: WeightPublisher | None = None
+        self.relays: dict[str, WeightRelay] = {}
+        """cluster name -> the relay `rose run` started for it."""
         self.load: LoadGenerator | None = None
 
     def start(self) -> tuple[Controller, WeightPublisher]:
@@ -118,6 +120,7 @@ class Launch:
         self.controller = Controller(cfg, self.secret)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
         self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
+        self.controller.relays = self._start_relays(self.publisher)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}")
         self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.secret_path}")
         if self.spawn:
@@ -125,6 +128,21 @@ class Launch:
         else:
             self._await_executors()
         return self.controller, self.publisher
+
+    def _start_relays(self, publisher: WeightPublisher) -> dict[str, str]:
+        """One relay per cluster that asks for one; returns executor id -> the relay it pulls through."""
+        relay_of: dict[str, str] = {}
+        for cluster in self.config.clusters:
+            source = cluster.relay
+            if cluster.relay == RELAY_START:
+                relay = self.relays[cluster.name] = publisher.start_relay(
+                    f"relay-{cluster.name}", transport=cluster.transport
+                )
+                source = relay.source
+            if source != RELAY_NONE:
+                relay_of.update(dict.fromkeys(cluster.executors, source))
+                self.say(f"cluster {cluster.name}: {', '.join(cluster.executors)} pull weights through {source}")
+        return relay_of
 
     def _await_executors(self) -> None:
         ex = self.config.executors
@@ -177,6 +195,8 @@ class Launch:
                 self.controller.close()
         else:
             self.children.stop_all()
+        for relay in self.relays.values():
+            relay.close()
         if self.publisher is not None:
             self.publisher.close()
 
@@ -223,7 +243,7 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     rl = config.rl
     trainer = PolicyTrainer(models.policy, lr=rl.lr, clip_eps=rl.clip_eps, epochs=rl.epochs, seed=rl.seed)
     return RLJob(controller, config, load_tokenizer(models.policy), trainer, publisher, load,
-                 watchdog=launch.children.check_alive, on_progress=progress)
+                 watchdog=launch.children.check_alive, on_progress=progress, relays=launch.relays)
 
 
 def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:

@@ -116,7 +116,8 @@ class WeightUpdater:
     async def _update(self, announce: WeightAnnounce, times: UpdateTimes) -> None:
         """Stage ``announce`` in the engine, let running turns finish, commit; notes the times."""
         mark = time.perf_counter()
-        await self.engine.stage_weights(WeightOrder(announce, self._secret, self.executor_id, self.relay))
+        relay = announce.relay or self.relay
+        await self.engine.stage_weights(WeightOrder(announce, self._secret, self.executor_id, relay))
         times.stage_call_s = time.perf_counter() - mark
         self.updating = True
         self.runner.refuse("weight_update")

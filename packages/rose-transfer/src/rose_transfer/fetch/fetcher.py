@@ -223,9 +223,11 @@ class WeightFetcher:
     async def _fetch_on_one_connection(self, progress: FetchProgress, sink: BucketSink) -> None:
         announce = progress.announce
         source = progress.source
+        started = time.perf_counter()
         client = await TransferClient.connect(
             source, secret=self._secret, receiver_id=self.receiver_id, timeout=self.timeout
         )
+        connected = time.perf_counter()
         try:
             if progress.manifest is None:
                 manifest = await client.fetch_manifest(
@@ -234,7 +236,12 @@ class WeightFetcher:
                 check_manifest(manifest, version=announce.version, digest=announce.manifest_digest, view=progress.view)
                 progress.manifest = manifest
                 sink.prepare(manifest)
+            described = time.perf_counter()
             await client.pull(progress, sink, self.receiver_id)
+            log.debug(
+                "version %d from %s: connect %.3f s, manifest %.3f s, buckets %.3f s",
+                announce.version, source, connected - started, described - connected, time.perf_counter() - described,
+            )
         finally:
             progress.bytes_received += client.bytes_received
             RECEIVED_BYTES.inc(client.bytes_received)

@@ -18,6 +18,7 @@ from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.weights import EngineLayout
 from rose_transfer.plan.engine_layout import to_engine_layout
+from rose_transfer.serve.cluster_relay import ClusterRelay
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
@@ -70,6 +71,7 @@ class DensePublisher:
         self._tcp_listeners: list[socket.socket] = []
         self._ucx_listeners: list[Any] = []
         self._closed = False
+        self._secret = secret
         log.info("serving weight versions at %s", self.source)
 
     def publish(
@@ -102,6 +104,13 @@ class DensePublisher:
             source=self.source,
             manifest_digest=manifest.digest,
             total_bytes=manifest.total_bytes,
+        )
+
+    def start_relay(self, relay_id: str, *, transport: str = "tcp") -> ClusterRelay:
+        """A relay of this publisher on this host (a remote cluster's, modelled here): receivers there
+        pull through its ``source``; ``transport``: ``tcp`` or ``ucx``. The caller closes it."""
+        return ClusterRelay(
+            secret=self._secret, upstream=self.source, host=self._host, relay_id=relay_id, transport=transport
         )
 
     def open_tcp(self, port: int = 0, *, gate: SendGate | None = None) -> str:
