@@ -44,3 +44,42 @@ def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> Non
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "nope.toml")
+
+
+CLUSTERS = b"""
+[[clusters]]
+name = "near"
+executors = ["dedicated-0"]
+relay = "none"
+
+[[clusters]]
+name = "far"
+executors = ["serving-0"]
+transport = "ucx"
+"""
+
+
+def test_clusters_place_executors_and_default_to_a_started_tcp_relay() -> None:
+    config = parse_toml(CLUSTERS, RunConfig)
+    near, far = config.clusters
+    assert (near.name, near.executors, near.relay) == ("near", ["dedicated-0"], "none")
+    assert (far.relay, far.transport) == ("start", "ucx")
+    assert parse_toml(dump_toml(config), RunConfig) == config
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (b'[[clusters]]\nname = "x"\nexecutors = ["serving-7"]\n', "this job runs ['dedicated-0', 'serving-0']"),
+        (b'[[clusters]]\nname = "x"\nexecutors = []\n', "lists no `executors`"),
+        (b'[[clusters]]\nexecutors = ["serving-0"]\n', "needs a `name`"),
+        (b'[[clusters]]\nname = "x"\nexecutors = ["serving-0"]\nrelay = "udp://h:1"\n', "tcp:// / ucx://"),
+        (b'[[clusters]]\nname = "x"\nexecutors = ["serving-0"]\ntransport = "rdma"\n', "['tcp', 'ucx']"),
+        (CLUSTERS + b'[[clusters]]\nname = "again"\nexecutors = ["serving-0"]\n', "in clusters 'far' and 'again'"),
+        (CLUSTERS.replace(b'"far"', b'"near"'), "cluster names repeat"),
+    ],
+)
+def test_bad_clusters_name_the_problem(toml: bytes, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_toml(toml, RunConfig)
+    assert needle in str(err.value)

@@ -6,6 +6,7 @@ process (endpoint, weight reload, signals, orphans, exit codes) stays in ``test_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from itertools import count
@@ -35,8 +36,11 @@ from rose_core.metrics import free_port
 from rose_core.policy import LatencyModel
 from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.config import load_executor_config
-from rose_executor.engine.engine_protocol import GenerationOutput
+from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
+from rose_executor.engine.engine_spec import EngineSpec
 from rose_executor.engine.fake_engine import FakeEngine, FakeEngineLauncher
+
+from rose_transfer import SparsePublisher
 
 from .conftest import SECRET
 from .controller_peer import ControllerPeer
@@ -72,13 +76,12 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("twin-profiles")  # the twins' profiles, measured once per module
 
 
-@pytest_asyncio.fixture
-async def executor(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path) -> AsyncIterator[TwinExecutor]:
-    memory = memory_settings(policy_dir, serving_dir)
-    path = write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles, **memory)
+@contextlib.asynccontextmanager
+async def twin(path: Path, launcher: FakeEngineLauncher | None = None) -> AsyncIterator[TwinExecutor]:
+    """An agent with id ``ex-1`` on the twins, welcomed and registered; stopped on the way out."""
     server = InProcessServer(SECRET)
     controller = ControllerPeer(SECRET, server)
-    launcher = FakeEngineLauncher(MODELS)
+    launcher = launcher or FakeEngineLauncher(MODELS)
     options = AgentOptions(controller=server.address, role="serving", executor_id="ex-1", secret=SECRET)
     agent = ExecutorAgent(load_executor_config(path), options, launcher, connect=InProcessClient)
     task = asyncio.create_task(agent.run())
@@ -92,6 +95,18 @@ async def executor(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles
         agent.request_stop("test over")
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
         server.close()
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path) -> Path:
+    memory = memory_settings(policy_dir, serving_dir)
+    return write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles, **memory)
+
+
+@pytest_asyncio.fixture
+async def executor(config_path: Path) -> AsyncIterator[TwinExecutor]:
+    async with twin(config_path) as executor:
+        yield executor
 
 
 async def test_register_describes_the_host(executor: TwinExecutor) -> None:
@@ -212,3 +227,38 @@ async def test_a_dead_engine_stops_the_agent_with_exit_1(executor: TwinExecutor)
     goodbye = await executor.controller.arrival(Goodbye, timeout=10)
     assert "engine died" in goodbye.reason
     assert await asyncio.wait_for(executor.task, 30) == 1
+
+
+class StuckCommit(FakeEngineLauncher):
+    """Engines whose second commit never returns (the process is killed in the middle of it)."""
+
+    async def start(self, spec: EngineSpec) -> FakeEngine:
+        engine = await super().start(spec)
+        real = engine.commit_weights
+
+        async def commit(version: int, timeout_s: float) -> WeightCommit:
+            if version >= 2:
+                await asyncio.Event().wait()
+            return await real(version, timeout_s)
+
+        engine.commit_weights = commit  # type: ignore[method-assign]
+        return engine
+
+
+async def test_an_executor_killed_mid_apply_comes_back_with_a_full_sync(config_path: Path) -> None:
+    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0) as publisher:
+        versions = {v: {"w": np.arange(5000, dtype=np.float32) + v} for v in (1, 2)}
+        async with twin(config_path, StuckCommit(MODELS)) as first:
+            first.controller.send(publisher.publish(1, 1, versions[1]))
+            assert (await first.controller.arrival(WeightApplied, timeout=30)).ok
+            announce = publisher.publish(2, 2, versions[2])
+            first.controller.send(announce)
+            await first.controller.arrival(Heartbeat, timeout=10, where=lambda h: h.load.state == "updating")
+            first.task.cancel()  # killed while version 2 is being applied
+            await asyncio.gather(first.task, return_exceptions=True)
+        async with twin(config_path) as again:
+            assert again.register.weight_version == 0  # a new process holds what it loaded, nothing staged
+            again.controller.send(announce)
+            applied = await again.controller.arrival(WeightApplied, timeout=30, where=lambda w: w.version == 2)
+    assert applied.ok and applied.full_sync and applied.weights_digest == announce.manifest_digest
+    np.testing.assert_array_equal(again.launcher.engines[1].weights.arrays()["w"], versions[2]["w"])
