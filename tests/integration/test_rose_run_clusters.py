@@ -68,6 +68,7 @@ def test_the_link_carries_each_version_once_and_patches_after_the_first(run_repo
     dense = first["link_bytes"]["remote"]
     remote = first["sync_breakdown"]["executors"]["serving-0"]
     assert remote["full_sync"] and dense >= remote["bytes_received"] * 0.9  # it came through the relay
+    print(f"\nbytes over the remote link per version: {[s['link_bytes']['remote'] for s in run_report['steps']]}")
     for step in rest:
         assert step["link_bytes"]["remote"] <= dense / 10, step["step"]
         assert not step["sync_breakdown"]["executors"]["serving-0"]["full_sync"]
