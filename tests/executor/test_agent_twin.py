@@ -39,7 +39,6 @@ from rose_executor.config import load_executor_config
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
 from rose_executor.engine.fake_engine import FakeEngine, FakeEngineLauncher
-
 from rose_transfer import SparsePublisher
 
 from .conftest import SECRET
