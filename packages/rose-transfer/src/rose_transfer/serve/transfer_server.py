@@ -9,7 +9,8 @@ logged, counted in ``rose_rejected_messages_total`` and the server keeps serving
 
 A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
 against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base, view) on a worker thread,
-shared by every receiver and relay asking for it), and anything else dense. Each listener may have a ``SendGate`` that admits its connections' sends.
+shared by every receiver and relay asking for it), and anything else dense. Each listener may have a
+``SendGate`` that admits its connections' sends.
 """
 
 from __future__ import annotations
