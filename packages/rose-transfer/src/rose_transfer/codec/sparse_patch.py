@@ -29,6 +29,7 @@ _VARINT, _BITMAP, _BYTE_GAPS = 0, 1, 2
 _DECODE_BLOCK = 1 << 16  # varints per step of decoding
 _GAPS_BLOCK = 1 << 14  # byte gaps per step of decoding: a block's span of the bucket stays in cache
 _BITMAP_BLOCK = 1 << 19  # words per step of decoding a bitmap (a multiple of 8)
+_TWO_BYTE_VARINT = 1 << 7  # the smallest gap that takes two varint bytes
 
 
 class PatchError(ValueError):
@@ -45,15 +46,16 @@ class _Part:
     last: int  # the last changed position
     positions: np.ndarray | None = None  # sparse chunks only: dense ones live in the bucket's mask
     gaps: np.ndarray | None = None  # None for a dense chunk until exact gap codings are needed
-    lengths: np.ndarray | None = None
+    lengths: np.ndarray | None = None  # varint lengths of its gaps, once they are needed
     byte_gaps: int = 0  # bytes of its gaps as byte gaps (exact once ``gaps`` is set)
+    long_gaps: int = 0  # gaps of two varint bytes or more (exact once ``gaps`` is set)
 
 
 @dataclass(slots=True)
 class _Changes:
     parts: list[_Part] = field(default_factory=list)
     count: int = 0
-    varint_bytes: int = 0  # exact for sparse parts, 1 per change (a lower bound) for dense ones
+    varint_bytes: int = 0  # a lower bound until ``_exact_varint_bytes``: 1 per change, 2 per gap >= 128
     byte_gaps: int = 0  # the same for byte gaps
     mask: np.ndarray | None = None  # the bucket's word mask, holding the dense chunks' masks
 
@@ -66,12 +68,15 @@ def build_patch(base: np.ndarray, new: np.ndarray, word_bytes: int) -> np.ndarra
     changes = _scan(base, new, word_bytes, limit=new.nbytes - fixed)
     if changes is None:
         return None
-    # dense parts count 1 byte per change for the gap codings (a lower bound); a tie with the bitmap
-    # goes to a gap coding below, so its exact size is needed then too
-    if changes.mask is not None and min(changes.varint_bytes, changes.byte_gaps) <= bitmap_bytes:
-        _exact_gap_bytes(changes)
+    gaps_allowed = n_words - 1 <= MAX_GAP
+    byte_gaps = changes.byte_gaps if gaps_allowed else new.nbytes  # new.nbytes: never chosen
+    if changes.mask is not None and min(changes.varint_bytes, byte_gaps) <= bitmap_bytes:
+        _exact_gap_bytes(changes)  # the gap codings' sizes are lower bounds, and one might win
+        byte_gaps = changes.byte_gaps if gaps_allowed else byte_gaps
+    if changes.varint_bytes <= min(byte_gaps, bitmap_bytes):
+        _exact_varint_bytes(changes)  # a lower bound so far, and it might win
     sizes = {_BYTE_GAPS: changes.byte_gaps, _VARINT: changes.varint_bytes, _BITMAP: bitmap_bytes}
-    if n_words - 1 > MAX_GAP:
+    if not gaps_allowed:
         del sizes[_BYTE_GAPS]
     kind = min(sizes, key=lambda k: sizes[k])  # ties: byte gaps, the fastest to decode
     total = fixed + sizes[kind] + changes.count * word_bytes
@@ -128,7 +133,7 @@ def _scan(base: np.ndarray, new: np.ndarray, word_bytes: int, limit: int) -> _Ch
         )
         changes.parts.append(part)
         changes.count += part.values.size
-        changes.varint_bytes += int(part.lengths.sum(dtype=np.int64)) if part.lengths is not None else part.values.size
+        changes.varint_bytes += part.values.size + (part.long_gaps if part.gaps is not None else 0)
         changes.byte_gaps += part.byte_gaps if part.gaps is not None else part.values.size
         previous = part.last
         if changes.count * word_bytes + min(changes.varint_bytes, changes.byte_gaps, bitmap_bytes) >= limit:
@@ -140,8 +145,9 @@ def _sparse_part(chunk: ChangedChunk, new_words: np.ndarray, previous: int) -> _
     positions = chunk.changed_positions()
     gaps = np.diff(positions, prepend=previous) - 1
     values = new_words[positions]
-    part = _Part(chunk.first, chunk.count, values, int(positions[-1]), positions, gaps, varint_lengths(gaps))
+    part = _Part(chunk.first, chunk.count, values, int(positions[-1]), positions, gaps)
     part.byte_gaps = byte_gaps_bytes(gaps)
+    part.long_gaps = int(np.count_nonzero(gaps >= _TWO_BYTE_VARINT))
     return part
 
 
@@ -175,11 +181,22 @@ def _exact_gap_bytes(changes: _Changes) -> None:
         if part.gaps is None:
             positions = np.flatnonzero(changes.mask[part.first : part.first + part.count]) + part.first
             part.gaps = np.diff(positions, prepend=previous) - 1
-            part.lengths = varint_lengths(part.gaps)
             part.byte_gaps = byte_gaps_bytes(part.gaps)
-            changes.varint_bytes += int(part.lengths.sum(dtype=np.int64)) - part.values.size
+            part.long_gaps = int(np.count_nonzero(part.gaps >= _TWO_BYTE_VARINT))
+            changes.varint_bytes += part.long_gaps
             changes.byte_gaps += part.byte_gaps - part.values.size
         previous = part.last
+
+
+def _exact_varint_bytes(changes: _Changes) -> int:
+    """The exact bytes of every part's gaps as varints (each part's gaps made exact first)."""
+    _exact_gap_bytes(changes)
+    total = 0
+    for part in changes.parts:
+        part.lengths = varint_lengths(_gaps(part))
+        total += int(part.lengths.sum(dtype=np.int64))
+    changes.varint_bytes = total
+    return total
 
 
 def _bitmap(changes: _Changes, n_words: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """``DensePublisher``: the ``rose.weight_publishers`` entry ``dense``. Serves whole weight versions.
 
 The controller is synchronous, so the TCP server runs on its own event-loop thread; ``publish`` copies
-the tensors into a flat stream (in the caller's thread), registers it, and returns the announcement.
+the tensors into a flat stream (in the caller's thread; the stream is a retired version's buffer
+from the publisher's ``BufferPool`` once one is free), registers it, and returns the announcement.
 The newest ``keep_versions`` versions stay fetchable. ``SparsePublisher`` is this class with ``sparse``
 set: one constructor for both.
 """
@@ -21,6 +22,7 @@ from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.serve.cluster_relay import ClusterRelay
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
+from rose_transfer.version.buffer_pool import BufferPool
 from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
 from rose_transfer.wire.loop_thread import LoopThread
 from rose_transfer.wire.send_gate import SendGate
@@ -59,7 +61,7 @@ class DensePublisher:
         if bucket_bytes <= 0:
             raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
-        self._store = VersionStore(keep_versions)
+        self._store = VersionStore(keep_versions, BufferPool())
         self._listener = bind_listener(host, port)
         self.port = int(self._listener.getsockname()[1])
         self.source = format_source(advertised_host(host), self.port)
@@ -92,7 +94,9 @@ class DensePublisher:
             raise RoseError(f"weight versions are non-negative, got {version}")
         if layout is not None:
             tensors = to_engine_layout(tensors, layout)
-        flat = flatten(tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards)
+        flat = flatten(
+            tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards, allocate=self._store.pool.take
+        )
         self._store.add(flat)
         manifest = flat.manifest
         log.info(
@@ -133,9 +137,10 @@ class DensePublisher:
         return self._thread.submit(start()).result()
 
     def stream(self, version: int, view: ShardView | None = None) -> Any:
-        """The flat bytes (uint8) of a version still served (as ``view`` holds it), or None."""
+        """The flat bytes (uint8) of a version still served, or None; as ``view`` holds it, a copy
+        cut for the caller (a publisher keeps no stream per view)."""
         served = self._store.get(version)
-        return None if served is None else served.view(view).stream
+        return None if served is None else served.view(view).stream(self._store.pool.take)
 
     def versions(self) -> list[int]:
         """The versions currently fetchable, oldest first."""

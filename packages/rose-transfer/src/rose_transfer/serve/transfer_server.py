@@ -8,8 +8,9 @@ rejected frame (bad signature, garbage, oversized, no handshake) drops that conn
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
 
 A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
-against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base) on a worker thread), and
-anything else dense. Each listener may have a ``SendGate`` that admits its connections' sends.
+against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base, view) on a worker thread,
+shared by every receiver and relay asking for it), and anything else dense. Each listener may have a
+``SendGate`` that admits its connections' sends.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from rose_core.messages import (
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
 from rose_transfer.metrics import SENT_BYTES
-from rose_transfer.serve.bucket_patch import patch_reply, same_buckets
+from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, same_buckets
 from rose_transfer.serve.version_store import ServedVersion, VersionStore
 from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
@@ -216,12 +217,11 @@ class TransferServer:
         except RoseError as exc:
             return _unservable(served, view, exc)
 
-    @staticmethod
     def _bucket_reply(
-        served: ServedVersion, base: ServedVersion | None, index: int, view: ShardView | None
+        self, served: ServedVersion, base: ServedVersion | None, index: int, view: ShardView | None
     ) -> BucketData | ErrorReport:
         """Bucket ``index`` of ``served`` (as ``view`` holds it): a patch against ``base`` where the
-        two are cut alike, else dense. Runs on a worker thread (a view is cut on first use)."""
+        two are cut alike, else dense. Runs on a worker thread (a view is described on first use)."""
         try:
             new = served.view(view)
             old = None if base is None else base.view(view)
@@ -230,12 +230,9 @@ class TransferServer:
         if index >= len(new.manifest.buckets):
             message = f"version {served.version} as {view} has no bucket {index}: the receiver's manifest is stale"
             return ErrorReport(code="bad_request", message=message)
-        if old is not None and same_buckets(old, new):
-            return patch_reply(old, new, index)
-        info = new.manifest.buckets[index]
-        return BucketData(
-            version=served.version, index=index, encoding="dense", checksum=info.checksum, data=new.bucket(index)
-        )
+        if old is not None and same_buckets(old.manifest, new.manifest):
+            return patch_reply(old, new, index, self._store.pool.take)
+        return dense_reply(new, index, self._store.pool.take)
 
     def _unknown_version(self, version: int) -> ErrorReport:
         kept = self._store.versions()

@@ -113,15 +113,19 @@ def flatten(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     base_version: int = -1,
     shards: Mapping[str, str] | None = None,
+    allocate: Callable[[int], np.ndarray] = host_buffer,
 ) -> FlatVersion:
-    """Copy ``tensors`` (name -> numpy array or torch tensor) into one stream and describe it."""
+    """Copy ``tensors`` (name -> numpy array or torch tensor) into one stream (from ``allocate``: a
+    publisher's ``BufferPool.take`` recycles retired versions' streams) and describe it."""
     entries, total = layout(tensors, shards)
     objects = dict(zip((e.name for e in entries), tensors.values(), strict=True))
 
     def fill(entry: TensorEntry, region: np.ndarray) -> None:
         region[:] = _travel_form(objects[entry.name])
 
-    return build_version(entries, total, fill, version=version, bucket_bytes=bucket_bytes, base_version=base_version)
+    return build_version(
+        entries, total, fill, version=version, bucket_bytes=bucket_bytes, base_version=base_version, allocate=allocate
+    )
 
 
 def build_version(
@@ -134,28 +138,49 @@ def build_version(
     base_version: int = -1,
     view: ShardView | None = None,
     source_digest: str = "",
+    allocate: Callable[[int], np.ndarray] = host_buffer,
 ) -> FlatVersion:
     """A stream of ``total`` bytes laid out as ``entries`` (``fill`` writes each tensor's region, the
     padding between them is zero), cut into checksummed buckets and described by a digested manifest."""
-    stream = host_buffer(total)
+    stream = allocate(total)
     end = 0
     for entry in entries:
         stream[end : entry.offset] = 0
         fill(entry, stream[entry.offset : entry.offset + entry.nbytes])
         end = entry.offset + entry.nbytes
+    buckets = plan_buckets(stream, bucket_bytes)
+    head = VersionHead(version, bucket_bytes, base_version, view, source_digest)
+    return FlatVersion(manifest=digested_manifest(head, entries, total, buckets), stream=stream)
+
+
+@dataclass(slots=True, frozen=True)
+class VersionHead:
+    """What a manifest says besides its layout: the version, its bucket size, what it was cut from."""
+
+    version: int
+    bucket_bytes: int
+    base_version: int = -1
+    view: ShardView | None = None
+    source_digest: str = ""
+
+
+def digested_manifest(
+    head: VersionHead, entries: list[TensorEntry], total: int, buckets: list[BucketInfo]
+) -> WeightManifest:
+    """The manifest of a stream of ``total`` bytes laid out as ``entries``, cut into ``buckets``."""
     manifest = WeightManifest(
-        version=version,
-        base_version=base_version,
+        version=head.version,
+        base_version=head.base_version,
         total_bytes=total,
-        bucket_bytes=bucket_bytes,
+        bucket_bytes=head.bucket_bytes,
         tensors=entries,
-        buckets=plan_buckets(stream, bucket_bytes),
+        buckets=buckets,
         digest="",
-        view=view,
-        source_digest=source_digest,
+        view=head.view,
+        source_digest=head.source_digest,
     )
     manifest.digest = manifest_digest(manifest)
-    return FlatVersion(manifest=manifest, stream=stream)
+    return manifest
 
 
 def manifest_digest(manifest: WeightManifest) -> str:
