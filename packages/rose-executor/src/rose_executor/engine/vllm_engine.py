@@ -1,4 +1,4 @@
-"""The vLLM adapter: the only module of ROSE that imports ``vllm``.
+"""The vLLM adapter: the module of ROSE that drives ``vllm`` (``vllm_plugin`` is the one other importer).
 
 ``VllmEngine`` owns one vLLM v1 ``AsyncLLM`` (engine core in a child process) and turns executor decisions
 into vLLM calls: generate from token ids, abort, pause/resume the scheduler, patch weights in place through
