@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.messages import SamplingParams, TurnAborted, TurnRequest
+from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, WeightApplied
 from rose_core.policy import (
     AdmissionConfig,
     CoServingGuard,
@@ -24,6 +24,8 @@ from rose_executor.engine.fake_engine import FakeEngine
 from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.memory.serving_first_budget import ModelFootprint, ServingFirstBudget
 from rose_executor.rollout.rollout_runner import RolloutRunner
+from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_transfer import SparsePublisher
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
@@ -130,7 +132,7 @@ async def settle(condition: Callable[[], bool]) -> None:
 async def test_the_loop_ticks_at_once_on_a_submitted_turn_and_on_a_serving_arrival() -> None:
     co, serving, rollout, _, _ = setup()
     co.interval_s = 3600.0  # no periodic tick during the test (the clock never moves): only wake-ups
-    loop = asyncio.create_task(co.run(lambda: False))
+    loop = asyncio.create_task(co.run())
     try:
         await settle(lambda: rollout.calls == ["pause(keep=True)"])  # the first tick: idle, inactive
         co.runner.submit(turn("a"))
@@ -147,3 +149,42 @@ async def test_the_loop_ticks_at_once_on_a_submitted_turn_and_on_a_serving_arriv
         await co.runner.abort_all("shutdown")
         serving.shutdown()
     assert serving.listeners == [] and co.runner.on_submit is None
+
+
+async def test_a_weight_update_leaves_the_guards_pause_state_true() -> None:
+    """The guard alone pauses and resumes the rollout engine: the control loop ticking while a version is
+    committed to the held idle engine keeps it held, and the turn that arrives right after the update runs
+    (a tick during an update used to forget the hold: the engine stayed paused with the turn in it)."""
+    co, _, rollout, sent, clock = setup()
+    secret = b"g" * 32
+    updater = WeightUpdater(co.runner, rollout, executor_id="ex", secret=secret, send=sent.append)
+    release = asyncio.Event()
+    real_commit = rollout.commit_weights
+
+    async def commit(version: int, timeout_s: float) -> Any:
+        await release.wait()
+        return await real_commit(version, timeout_s)
+
+    rollout.commit_weights = commit  # type: ignore[method-assign]
+    loop = asyncio.create_task(co.run())  # the real control loop, ticking every 50 ms of the clock
+    with SparsePublisher(secret=secret, host="127.0.0.1", port=0) as publisher:
+        await clock.advance(0.1)
+        assert co.paused and await rollout.is_paused()  # inactive: held
+        updater.announce(publisher.publish(1, 1, {"w": np.arange(64, dtype=np.float32)}))
+        while not updater.updating:
+            await asyncio.sleep(0.001)
+        await clock.advance(0.2)  # the loop ticks during the update
+        release.set()
+        while not any(isinstance(m, WeightApplied) for m in sent):
+            await asyncio.sleep(0.001)  # the clock stands still: no tick after the update
+    assert next(m for m in sent if isinstance(m, WeightApplied)).ok
+    assert co.paused == await rollout.is_paused()
+    co.runner.submit(TurnRequest(
+        turn_id="after", trajectory_id="t-after", attempt=0, prompt_token_ids=np.arange(20, dtype=np.int32),
+        sampling=SamplingParams(max_tokens=4), min_version=1, max_version=1,
+    ))  # fmt: skip
+    await clock.run_until(lambda: any(getattr(m, "turn_id", "") == "after" for m in sent), timeout_s=5)
+    assert next(m for m in sent if getattr(m, "turn_id", "") == "after").weight_version == 1
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+    await updater.close()

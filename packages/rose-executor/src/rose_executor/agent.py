@@ -247,7 +247,7 @@ class ExecutorAgent:
     async def _serve(self, link: ControllerLink) -> None:
         loops = [self._heartbeat_loop(link), self._dispatch_loop(link)]
         if self._co_serving is not None:
-            loops.append(self._co_serving.run(self._updating))
+            loops.append(self._co_serving.run())
         tasks = [asyncio.create_task(coro) for coro in loops]
         stop = asyncio.create_task(self._stop.wait())
         try:
@@ -270,9 +270,6 @@ class ExecutorAgent:
             link.send(Heartbeat(executor_id=self.executor_id, seq=seq, sent_at=time.time(), load=self.load_report()))
             seq += 1
             await asyncio.sleep(self._heartbeat_s)
-
-    def _updating(self) -> bool:
-        return self._updater is not None and self._updater.updating
 
     async def _dispatch_loop(self, link: ControllerLink) -> None:
         while True:

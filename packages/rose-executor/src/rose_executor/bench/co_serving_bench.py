@@ -162,7 +162,7 @@ async def measure(
     guard_task = None
     if load is not None and guard is not None and mode == "guarded":
         co = CoServing(guard, serving, rollout, load.runner, GUARD_TICK_S)
-        guard_task = asyncio.create_task(co.run(lambda: False))
+        guard_task = asyncio.create_task(co.run())
     if load is not None:
         load.start()
     started = time.monotonic()
@@ -340,7 +340,7 @@ async def _turn_latencies(serving: Engine, rollout: Engine, guard: CoServingGuar
 
     runner = RolloutRunner(rollout, "bench", 1, reply, guarded=guard is not None)
     co = CoServing(guard, serving, rollout, runner, GUARD_TICK_S) if guard else None
-    guard_task = asyncio.create_task(co.run(lambda: False)) if co is not None else None
+    guard_task = asyncio.create_task(co.run()) if co is not None else None
     latencies = []
     try:
         for i in range(ACTIVATION_TRIALS):

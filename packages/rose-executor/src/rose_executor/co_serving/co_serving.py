@@ -102,14 +102,15 @@ class CoServing:
         """Run the next tick now (a serving arrival or finish, a submitted rollout turn)."""
         self._wake.set()
 
-    async def run(self, updating: Callable[[], bool]) -> None:
-        """The control loop; ``updating()`` True means a weight update owns the rollout engine's pause state."""
+    async def run(self) -> None:
+        """The control loop. It alone owns the rollout engine's pause state: a weight update never pauses
+        or resumes the engine (it commits between steps, paused or not)."""
         self.serving.add_activity_listener(self.wake)
         self.runner.on_submit = self.wake
         try:
             while True:
                 self._wake.clear()
-                await self.tick(self.clock.now(), updating())
+                await self.tick(self.clock.now())
                 await self._until_next_tick()
         finally:
             self.serving.remove_activity_listener(self.wake)
@@ -130,7 +131,7 @@ class CoServing:
         """The serving engine's production requests in flight (not the executor's own ``rose-`` probes)."""
         return [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
 
-    async def tick(self, now: float, updating: bool = False) -> GuardVerdict:
+    async def tick(self, now: float) -> GuardVerdict:
         serving = self.serving_requests()
         if self.memory is not None:
             decision = self.memory.observe(now, serving, self.runner.memory_uses())
@@ -150,9 +151,6 @@ class CoServing:
         self.headroom = verdict.headroom
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
-        if updating:
-            self.paused = False  # the weight update pauses and resumes the engine itself
-            return verdict
         await self._apply(verdict)
         return verdict
 
