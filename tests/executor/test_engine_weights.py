@@ -147,3 +147,16 @@ def test_commit_needs_the_staged_version(publisher: SparsePublisher) -> None:
         assert np.asarray(weights.target.stream).nbytes == 0  # nothing was applied
     finally:
         weights.close()
+
+
+def test_a_rotted_base_is_rolled_back_in_the_worker_and_pulled_again(publisher: SparsePublisher) -> None:
+    model, x = Tiny(), torch.randn(2, 4)
+    weights = EngineWeights(model)
+    try:
+        pull(weights, publisher, 1, checkpoint(1))
+        weights.target.stream[8] ^= 0x01  # a flipped bit in the held base: version 2's patch cannot apply
+        second, report = pull(weights, publisher, 2, checkpoint(2))
+        assert report.digest == second.manifest_digest
+        torch.testing.assert_close(model(x), reference(checkpoint(2), x), rtol=0, atol=0)
+    finally:
+        weights.close()

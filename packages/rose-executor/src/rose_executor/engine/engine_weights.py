@@ -112,7 +112,8 @@ class EngineWeights:
             raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
         started = time.perf_counter()
         full = self._binding is None or self.target.version < 0
-        self._loop.submit(self._fetcher.commit_staged(staged)).result(timeout_s)
+        if self._fetcher.try_commit_staged(staged) is None:  # rolled back: pull the failed buckets again
+            self._loop.submit(self._fetcher.commit_staged(staged)).result(timeout_s)
         committed = time.perf_counter()
         offsets, dense = staged.touched()
         manifest = self._manifest()

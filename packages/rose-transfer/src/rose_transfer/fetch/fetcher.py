@@ -161,15 +161,32 @@ class WeightFetcher:
         fails rolls everything back and is pulled again, dense); the target's lock is held meanwhile."""
         progress, sink = staged.progress, staged.sink
         try:
-            while failed := await asyncio.to_thread(_commit_staged, sink, progress):
-                for index in failed:
-                    progress.done.discard(index)
-                    progress.corrupt(index, "checksum mismatch after patching in place")
+            failed = [] if staged.retry else await asyncio.to_thread(_commit_staged, sink, progress)
+            while staged.retry or failed:
+                _mark_failed(progress, failed)
+                staged.retry = False
                 await self._fetch_with_reconnects(progress, sink)
+                failed = await asyncio.to_thread(_commit_staged, sink, progress)
         finally:
             sink.close()
+        return self._committed(staged)
+
+    def try_commit_staged(self, staged: StagedVersion) -> FetchedInMemory | None:
+        """``commit_staged`` in the calling thread, without an event loop (an engine worker commits between
+        two steps this way): the version if every bucket checked out; None after a rollback (nothing
+        applied; the failed buckets are marked), when ``commit_staged`` pulls them again and applies."""
+        failed = _commit_staged(staged.sink, staged.progress)
+        if failed:
+            _mark_failed(staged.progress, failed)
+            staged.retry = True
+            return None
+        staged.sink.close()
+        return self._committed(staged)
+
+    def _committed(self, staged: StagedVersion) -> FetchedInMemory:
+        progress = staged.progress
         seconds = self._finished(progress, staged.started)
-        return FetchedInMemory(progress.version, progress.bytes_received, seconds, len(sink.patches))
+        return FetchedInMemory(progress.version, progress.bytes_received, seconds, len(staged.sink.patches))
 
     def _progress(
         self, announce: WeightAnnounce, have_version: int, buckets: Iterable[int] | None, relay: str | None
@@ -256,6 +273,8 @@ class StagedVersion:
     sink: MemorySink
     started: float
     stage_seconds: float
+    retry: bool = False
+    """A commit in the caller's thread rolled back: ``commit_staged`` pulls the failed buckets first."""
 
     @property
     def version(self) -> int:
@@ -281,6 +300,12 @@ class StagedVersion:
     def discard(self) -> None:
         """Drop the staged bytes (the target never saw them)."""
         self.sink.close()
+
+
+def _mark_failed(progress: FetchProgress, failed: list[int]) -> None:
+    for index in failed:
+        progress.done.discard(index)
+        progress.corrupt(index, "checksum mismatch after patching in place")
 
 
 def _commit_staged(sink: MemorySink, progress: FetchProgress) -> list[int]:
