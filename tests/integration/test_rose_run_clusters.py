@@ -33,7 +33,6 @@ transport = "ucx"
 
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    pytest.importorskip("ucxx", reason="the [ucx] extra of rose-transfer")
     work = tmp_path_factory.mktemp("rose-run-clusters")
     config = work / "rose.toml"
     config.write_text(CONFIG.format(work=work))
