@@ -143,6 +143,34 @@ def test_stalled_executor_turns_are_rerouted(controller: Controller, clock: Fake
         assert controller.executors[first].state == "stalled"
 
 
+def test_a_turn_rerouted_from_a_stalled_executor_is_cancelled_there(controller: Controller, clock: FakeClock) -> None:
+    """The stalled executor may come back: it is told to stop the re-routed attempt; its late result is dropped."""
+    got: dict[str, list[m.FromController]] = {"d1": [], "d2": []}
+
+    def keep(eid: str) -> ClientCallback:
+        return lambda _peer, msg: got[eid].append(msg)
+
+    with join(controller, "d1", capacity=1, on_message=keep("d1")) as d1, \
+            join(controller, "d2", capacity=1, on_message=keep("d2")) as d2:
+        controller.submit_turn(turn(1))
+        controller.pump(0)
+        first = controller.scheduler.where("t1")
+        peers = {"d1": d1, "d2": d2}
+        live_id = "d2" if first == "d1" else "d1"
+        (request,) = [msg for msg in got[first] if isinstance(msg, m.TurnRequest)]
+        clock.now += 3.0
+        peers[live_id].send(m.Heartbeat(executor_id=live_id, seq=1, sent_at=0.0, load=m.LoadReport()))
+        controller.pump(0)
+        controller.pump(0)
+        cancels = [msg for msg in got[first] if isinstance(msg, m.CancelTurn)]
+        assert [(c.turn_id, c.attempt) for c in cancels] == [("t1", 0)]
+        assert not [msg for msg in got[live_id] if isinstance(msg, m.CancelTurn)]
+        assert controller.scheduler.take_cancellations() == []  # sent once
+        peers[first].send(result(request, first))  # it came back and finished anyway: discarded
+        controller.pump(0)
+        assert controller.stats.late_results == 1
+
+
 def test_observer_receives_status_snapshots(controller: Controller) -> None:
     with join(controller, "d1"), InProcessClient(controller.address, SECRET, "tui") as tui:
         tui.send(m.Hello(peer_id="tui", kind="observer"))

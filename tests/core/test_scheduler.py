@@ -216,3 +216,22 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_only_reroutes_from_workers_that_may_still_run_them_are_cancelled() -> None:
+    s = sched()
+    for i in range(3):
+        s.submit(0, ticket(f"t{i}"))
+    placed = {a.ticket.turn_id: a.worker_id for a in s.schedule(0)}
+    by_worker: dict[str, list[str]] = {}
+    for turn_id, wid in placed.items():
+        by_worker.setdefault(wid, []).append(turn_id)
+    gone, *_ = by_worker
+    s.remove_worker(1.0, gone)  # gone: nothing left to tell
+    assert s.take_cancellations() == []
+    for wid in [w for w in s.workers if w not in by_worker]:
+        s.observe(2.5, wid, weight_version=0)  # idle workers heartbeat; the busy ones fall silent
+    stalled = s.find_stalled(2.5, 2.0)
+    expected = sorted((wid, t, 0) for wid in stalled for t in by_worker.get(wid, []))
+    assert sorted((c.worker_id, c.turn_id, c.attempt) for c in s.take_cancellations()) == expected
+    assert s.take_cancellations() == []

@@ -24,6 +24,7 @@ from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.controller.weight_sync import ExecutorSync, SyncBreakdown
 from rose_core.messages import (
     PROTOCOL_VERSION,
+    CancelTurn,
     ErrorReport,
     FromController,
     Goodbye,
@@ -121,6 +122,10 @@ class Controller:
                         worker_id, self.config.controller.stall_timeout_s)
             if worker_id in self.executors:
                 self.executors[worker_id].state = "stalled"
+        for cancel in self.scheduler.take_cancellations():
+            rec = self.executors.get(cancel.worker_id)
+            if rec is not None:  # a stalled executor that comes back must not finish a re-routed attempt
+                self.server.send(rec.peer, CancelTurn(turn_id=cancel.turn_id, attempt=cancel.attempt))
         for assignment in self.scheduler.schedule(now):
             self._dispatch(assignment.ticket, assignment.worker_id, assignment.reason)
         if now >= self._next_status:

@@ -35,6 +35,8 @@ from rose_core.scheduler.turn_ticket import TurnTicket
 from rose_core.scheduler.worker_state import Pool, WorkerState
 
 Verdict = Literal["accepted", "late", "duplicate", "unknown"]
+_STILL_RUNNING = frozenset({"stalled", "revoked"})
+"""Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,6 +45,15 @@ class Assignment:
     worker_id: str
     reason: str
     """affinity | dedicated | borrowed | long_tail"""
+
+
+@dataclass(slots=True, frozen=True)
+class Cancellation:
+    """A turn re-routed away from a worker that may still run it: tell ``worker_id`` to stop that attempt."""
+
+    worker_id: str
+    turn_id: str
+    attempt: int
 
 
 class ElasticScheduler:
@@ -55,6 +66,7 @@ class ElasticScheduler:
         self._affinity: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
         self._index = LoadIndex()
+        self._cancellations: list[Cancellation] = []
 
     # ---------------------------------------------------------------- workers
 
@@ -239,8 +251,15 @@ class ElasticScheduler:
     def _fits(worker: WorkerState, ticket: TurnTicket) -> bool:
         return worker.usable() and worker.holds(ticket.min_version, ticket.max_version)
 
+    def take_cancellations(self) -> list[Cancellation]:
+        """The attempts re-routed away from workers that may still run them (stalled ones), once each."""
+        taken, self._cancellations = self._cancellations, []
+        return taken
+
     def _evacuate(self, now: float, worker: WorkerState, reason: str) -> list[TurnTicket]:
         moved = [self._requeue(turn_id, f"rerouted_{reason}") for turn_id in list(worker.in_flight)]
+        if reason in _STILL_RUNNING:  # the worker may still run them: the controller cancels them there
+            self._cancellations += [Cancellation(worker.worker_id, t.turn_id, t.attempt - 1) for t in moved]
         for trajectory, wid in list(self._affinity.items()):
             if wid == worker.worker_id:
                 del self._affinity[trajectory]
