@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from .rose_run_support import run_report as rose_run
 
 STEPS = 2
 
@@ -15,19 +12,7 @@ STEPS = 2
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("rose-run")
-    config = work / "rose.toml"
-    config.write_text(f'models_dir = "{work / "models"}"\nrun_dir = "{work / "run"}"\n')
-    report = work / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rose_core", "run", "--steps", str(STEPS), "--config", str(config),
-         "--report", str(report)],
-        capture_output=True, text=True, timeout=1500, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (work / "run" / "logs").glob("*.log"))
-    assert report.exists(), f"no report; rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}\n{logs}"
-    data = json.loads(report.read_text())
-    data["_stdout"], data["_stderr"], data["_rc"], data["_logs"] = proc.stdout, proc.stderr, proc.returncode, logs
-    return data
+    return rose_run(work, f'models_dir = "{work / "models"}"\nrun_dir = "{work / "run"}"\n', STEPS)
 
 
 def test_run_finishes_ok(run_report: dict) -> None:

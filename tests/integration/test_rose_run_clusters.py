@@ -3,12 +3,9 @@ relay over UCX. Real vLLM CPU engines, a real relay, real UCX, real trainer."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from .rose_run_support import run_report as rose_run
 
 STEPS = 3
 CONFIG = """
@@ -34,19 +31,7 @@ transport = "ucx"
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("rose-run-clusters")
-    config = work / "rose.toml"
-    config.write_text(CONFIG.format(work=work))
-    report = work / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rose_core", "run", "--steps", str(STEPS), "--config", str(config),
-         "--report", str(report)],
-        capture_output=True, text=True, timeout=1500, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (work / "run" / "logs").glob("*.log"))
-    assert report.exists(), f"no report; rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}\n{logs}"
-    data = json.loads(report.read_text())
-    data["_stdout"], data["_stderr"], data["_rc"], data["_logs"] = proc.stdout, proc.stderr, proc.returncode, logs
-    return data
+    return rose_run(work, CONFIG.format(work=work), STEPS)
 
 
 def test_the_run_finishes_ok_with_every_turn_on_its_version(run_report: dict) -> None:
