@@ -4,6 +4,8 @@ cancellation, aborts, prefix accounting, warm trajectories, and a weight swap in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -102,6 +104,20 @@ def tensors(version: int) -> dict[str, np.ndarray]:
     return {"w": w, "b": np.ones(64, dtype=np.float32)}
 
 
+@contextlib.asynccontextmanager
+async def updating(**options: Any) -> AsyncIterator[tuple[RolloutRunner, FakeEngine, VirtualClock, list[Any],
+                                                          WeightUpdater, SparsePublisher]]:
+    """The twin with a weight updater and a sparse publisher to announce from; both closed on the way out."""
+    runner, engine, clock, sent = setup()
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append, **options)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    try:
+        yield runner, engine, clock, sent, updater, publisher
+    finally:
+        publisher.close()
+        await updater.close()
+
+
 async def applied_reply(sent: list[Any], version: int, clock: VirtualClock | None = None) -> WeightApplied:
     for _ in range(3000):
         found = [m for m in sent if isinstance(m, WeightApplied) and m.version == version]
@@ -115,10 +131,7 @@ async def applied_reply(sent: list[Any], version: int, clock: VirtualClock | Non
 
 async def test_running_turns_finish_on_their_version_then_the_engine_commits_in_place() -> None:
     """No needless aborts: a running turn ends on version 0; the engine is never paused or reloaded."""
-    runner, engine, clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
-    try:
+    async with updating() as (runner, engine, clock, sent, updater, publisher):
         runner.submit(turn("busy", max_tokens=20))
         await clock.advance(0.01)
         updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
@@ -133,16 +146,10 @@ async def test_running_turns_finish_on_their_version_then_the_engine_commits_in_
         runner.submit(turn("new", version=1))
         await clock.run_until(lambda: bool(replies(sent, "new")))
         assert replies(sent, "new")[0].weight_version == 1
-    finally:
-        publisher.close()
-        await updater.close()
 
 
 async def test_a_turn_past_the_drain_timeout_is_given_back_and_the_version_lands() -> None:
-    runner, engine, clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append, drain_timeout_s=0.05)
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
-    try:
+    async with updating(drain_timeout_s=0.05) as (runner, _engine, clock, sent, updater, publisher):
         runner.submit(turn("long", max_tokens=900))
         await clock.advance(0.01)
         updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
@@ -150,17 +157,11 @@ async def test_a_turn_past_the_drain_timeout_is_given_back_and_the_version_lands
         assert (applied.ok, applied.aborted_turns) == (True, 1)
         assert [m.reason for m in replies(sent, "long")] == ["weight_update"]
         assert applied.drain_seconds >= 0.05
-    finally:
-        publisher.close()
-        await updater.close()
 
 
 async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_holds() -> None:
     """Two versions through rose-transfer onto the twin: whole, then patches; the digest is the trainer's."""
-    runner, engine, _clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
-    try:
+    async with updating() as (_runner, engine, _clock, sent, updater, publisher):
         first_announce = publisher.publish(1, step=1, tensors=tensors(1))
         updater.announce(first_announce)
         first = await applied_reply(sent, 1)
@@ -177,16 +178,10 @@ async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_ho
         assert first.full_sync and first.bytes_received >= 4096 * 4
         assert not second.full_sync and second.bytes_received < first.bytes_received // 10
         np.testing.assert_array_equal(engine.weights.arrays()["w"], tensors(2)["w"])
-    finally:
-        publisher.close()
-        await updater.close()
 
 
 async def test_a_rotted_base_rolls_the_engine_back_and_the_version_is_pulled_again() -> None:
-    runner, engine, _clock, sent = setup()
-    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
-    try:
+    async with updating() as (_runner, engine, _clock, sent, updater, publisher):
         updater.announce(publisher.publish(1, step=1, tensors=tensors(1)))
         await applied_reply(sent, 1)
         engine.weights.stream[8] ^= 0x01  # the held base rotted: its patch cannot reconstruct the bucket
@@ -195,9 +190,6 @@ async def test_a_rotted_base_rolls_the_engine_back_and_the_version_is_pulled_aga
         applied = await applied_reply(sent, 2)
         assert applied.ok and applied.weights_digest == announce.manifest_digest
         np.testing.assert_array_equal(engine.weights.arrays()["w"], tensors(2)["w"])
-    finally:
-        publisher.close()
-        await updater.close()
 
 
 async def test_an_unreachable_source_reports_the_failure_and_keeps_the_version() -> None:
