@@ -13,6 +13,7 @@ import pytest
 
 from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult, WeightApplied
 from rose_core.policy import LatencyModel
+from rose_executor.engine.engine_protocol import WeightCommit
 from rose_executor.engine.fake_engine import FakeEngine
 from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.rollout.rollout_runner import RolloutRunner
@@ -22,10 +23,11 @@ from rose_transfer import SparsePublisher
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
 
 
-def setup(capacity: int = 2) -> tuple[RolloutRunner, FakeEngine, VirtualClock, list[Any]]:
+def setup(capacity: int = 2, engine_type: type[FakeEngine] = FakeEngine) -> tuple[
+        RolloutRunner, FakeEngine, VirtualClock, list[Any]]:
     clock = VirtualClock(50.0)
     sent: list[Any] = []
-    engine = FakeEngine(MODEL, clock)
+    engine = engine_type(MODEL, clock)
     return RolloutRunner(engine, "ex", capacity, sent.append, clock=clock.now), engine, clock, sent
 
 
@@ -178,6 +180,35 @@ async def test_weight_applied_says_where_the_seconds_went_and_what_the_engine_ho
         assert first.full_sync and first.bytes_received >= 4096 * 4
         assert not second.full_sync and second.bytes_received < first.bytes_received // 10
         np.testing.assert_array_equal(engine.weights.arrays()["w"], tensors(2)["w"])
+
+
+class LateToCommit(FakeEngine):
+    """An engine that picks the commit up only after its pull is done and it finished a step (as a
+    vLLM worker does between steps): the commit call's first part overlaps the pull."""
+
+    async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
+        if self._staging is not None:
+            await asyncio.wait({self._staging})
+        await asyncio.sleep(0.02)
+        return await super().commit_weights(version, timeout_s)
+
+
+async def test_the_pull_and_the_apply_are_not_counted_twice_when_the_commit_waits_for_the_engine() -> None:
+    """``transfer + apply`` fits the executor's own seconds (so ``queue <= wait`` on the controller's side):
+    the part of the commit call the pull overlapped is the pull's, not the apply's."""
+    runner, engine, _clock, sent = setup(engine_type=LateToCommit)
+    updater = WeightUpdater(runner, engine, executor_id="ex", secret=SECRET, send=sent.append)
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    big = {"w": np.arange(1 << 22, dtype=np.float32)}  # 16 MB: the pull outlasts the (empty) drain
+    try:
+        updater.announce(publisher.publish(1, step=1, tensors=big))
+        applied = await applied_reply(sent, 1)
+    finally:
+        publisher.close()
+        await updater.close()
+    assert applied.ok and applied.transfer_seconds > 0
+    assert applied.apply_seconds >= 0.02  # the engine's step before the commit is the apply's
+    assert applied.transfer_seconds + applied.apply_seconds <= applied.seconds
 
 
 async def test_a_rotted_base_rolls_the_engine_back_and_the_version_is_pulled_again() -> None:

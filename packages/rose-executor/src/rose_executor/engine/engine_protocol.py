@@ -37,8 +37,9 @@ class WeightCommit:
     bytes_received: int = 0
     stage_s: float = 0.0
     """The pull (runs while the engine steps)."""
-    pull_wait_s: float = 0.0
-    """How long the commit waited for the rest of the pull (the part of ``stage_s`` it did not overlap)."""
+    pulled_at: float = 0.0
+    """``time.perf_counter()`` when the pull finished (the last worker's): CLOCK_MONOTONIC, one clock for
+    every process on the host, so the caller can tell how much of its commit call the pull overlapped."""
     commit_s: float = 0.0
     """Writing the patches (or dense buckets) in place with their checksums."""
     retransform_s: float = 0.0

@@ -46,8 +46,8 @@ class CommitReport:
     version: int
     bytes_received: int
     stage_s: float
-    pull_wait_s: float
-    """How long ``commit`` waited for the rest of the pull (part of ``stage_s``)."""
+    pulled_at: float
+    """``time.perf_counter()`` when the pull finished (CLOCK_MONOTONIC: comparable across the host's processes)."""
     commit_s: float
     retransform_s: float
     full_sync: bool
@@ -104,9 +104,7 @@ class EngineWeights:
         staging, self._staging = self._staging, None
         if staging is None or self._loop is None or self._fetcher is None:
             raise RoseError(f"weight version {version} was never staged in this worker: stage it first")
-        waiting = time.perf_counter()
         staged = staging.result(timeout_s)
-        pull_wait_s = time.perf_counter() - waiting
         if staged.version != version:
             staged.discard()
             raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
@@ -129,7 +127,7 @@ class EngineWeights:
             version=version,
             bytes_received=staged.bytes_received,
             stage_s=staged.stage_seconds,
-            pull_wait_s=pull_wait_s,
+            pulled_at=staged.started + staged.stage_seconds,
             commit_s=committed - started,
             retransform_s=done - committed,
             full_sync=full,

@@ -193,9 +193,7 @@ class FakeEngine:
         staging, self._staging = self._staging, None
         if staging is None or self._fetcher is None:
             raise RoseError(f"weight version {version} was never staged in this engine: stage it first")
-        waiting = time.perf_counter()
         staged = await asyncio.wait_for(staging, timeout_s)
-        pull_wait_s = time.perf_counter() - waiting
         if staged.version != version:
             staged.discard()
             raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
@@ -209,7 +207,7 @@ class FakeEngine:
             version=version,
             bytes_received=staged.bytes_received,
             stage_s=staged.stage_seconds,
-            pull_wait_s=pull_wait_s,
+            pulled_at=staged.started + staged.stage_seconds,
             commit_s=time.perf_counter() - started,
             full_sync=full,
             tensors_changed=int(offsets.size > 0) + len(dense),

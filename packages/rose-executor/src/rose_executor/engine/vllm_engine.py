@@ -299,7 +299,7 @@ def _combined(version: int, reports: Sequence[dict[str, Any]]) -> WeightCommit:
         version=version,
         bytes_received=sum(int(r["bytes_received"]) for r in reports),
         stage_s=max(float(r["stage_s"]) for r in reports),
-        pull_wait_s=max(float(r["pull_wait_s"]) for r in reports),
+        pulled_at=max(float(r["pulled_at"]) for r in reports),
         commit_s=max(float(r["commit_s"]) for r in reports),
         retransform_s=max(float(r["retransform_s"]) for r in reports),
         full_sync=any(bool(r["full_sync"]) for r in reports),

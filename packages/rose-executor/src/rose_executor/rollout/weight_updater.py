@@ -127,7 +127,8 @@ class WeightUpdater:
             times.drain_s = time.perf_counter() - mark
             mark = time.perf_counter()
             commit = await self.engine.commit_weights(announce.version, self.fetch_timeout_s)
-            times.apply_s = max(0.0, time.perf_counter() - mark - commit.pull_wait_s)
+            # apply: the part of the commit call after the pull finished (the pull overlaps the rest)
+            times.apply_s = max(0.0, time.perf_counter() - max(mark, commit.pulled_at))
             times.commit = commit
             if commit.version != announce.version:
                 raise RoseError(f"the engine committed version {commit.version}, not {announce.version}")
