@@ -29,7 +29,7 @@ SECRET = b"engine-test-secret-0123456789abcdef"
 async def engine(policy_dir: Path) -> AsyncIterator[VllmEngine]:
     started = time.perf_counter()
     engine = await VllmEngine.create(
-        policy_dir, purpose="rollout", kv_cache_gib=0.5, max_num_seqs=8, max_model_len=1024
+        policy_dir, purpose="rollout", kv_cache_gib=0.5, max_num_seqs=8, max_model_len=1024, prefill_chunk_tokens=64
     )
     print(f"\nrollout engine start (incl. warm-up): {time.perf_counter() - started:.1f} s")
     yield engine
@@ -45,6 +45,15 @@ async def test_generate_from_token_ids(engine: VllmEngine) -> None:
     again = await engine.generate("g2", PROMPT, GREEDY)
     assert again.token_ids == out.token_ids
     assert again.logprobs == out.logprobs
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_of_the_configured_size(engine: VllmEngine) -> None:
+    """The rollout engine runs the guard's admission unit: vLLM resolved chunked prefill at 64 tokens a step,
+    and a 300-token prompt (five chunks) still generates."""
+    scheduler = engine._llm.vllm_config.scheduler_config  # type: ignore[union-attr]
+    assert (scheduler.enable_chunked_prefill, scheduler.max_num_batched_tokens) == (True, 64)
+    out = await engine.generate("chunked", [(i * 7) % 150 + 3 for i in range(300)], GREEDY)
+    assert len(out.token_ids) == GREEDY.max_tokens
 
 
 async def test_sampling_options_and_batch(engine: VllmEngine) -> None:

@@ -210,6 +210,7 @@ class ExecutorAgent:
             enable_prefix_caching=cfg.enable_prefix_caching,
             dtype=cfg.dtype,
             served_model_name=cfg.serving_model_name if purpose == "serving" else "",
+            prefill_chunk_tokens=cfg.prefill_chunk_tokens if purpose == "rollout" else 0,
         )
         engine = await self._launcher.start(spec)
         self._engines.append(engine)

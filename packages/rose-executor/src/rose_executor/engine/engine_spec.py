@@ -27,12 +27,17 @@ class EngineSpec:
     enable_prefix_caching: bool = True
     dtype: str = "bfloat16"
     served_model_name: str = ""
+    prefill_chunk_tokens: int = 0
+    """Chunked prefill: at most this many tokens per engine step (vLLM's ``max_num_batched_tokens``, raised
+    to ``max_num_seqs`` if lower); 0: vLLM's default. The rollout engine runs the guard's admission unit."""
 
     def __post_init__(self) -> None:
         if self.purpose not in ("serving", "rollout"):
             raise RoseError(f"engine purpose must be 'serving' or 'rollout', not {self.purpose!r}")
         if self.kv_cache_gib <= 0 or self.max_num_seqs < 1 or self.max_model_len < 1:
             raise RoseError("kv_cache_gib, max_num_seqs and max_model_len must be positive")
+        if self.prefill_chunk_tokens < 0:
+            raise RoseError("prefill_chunk_tokens must be >= 0 (0: the engine's default)")
 
     def require_model(self) -> None:
         """``RoseError`` unless ``model_dir`` holds a model (its config.json)."""

@@ -86,6 +86,7 @@ class VllmEngine:
         enable_prefix_caching: bool = True,
         dtype: str = "bfloat16",
         served_model_name: str = "",
+        prefill_chunk_tokens: int = 0,
         observer: EngineStatsObserver | None = None,
     ) -> VllmEngine:
         spec = EngineSpec(
@@ -97,6 +98,7 @@ class VllmEngine:
             enable_prefix_caching=enable_prefix_caching,
             dtype=dtype,
             served_model_name=served_model_name,
+            prefill_chunk_tokens=prefill_chunk_tokens,
         )
         return await cls.start(spec, observer)
 
@@ -273,8 +275,17 @@ def _engine_args(spec: EngineSpec) -> AsyncEngineArgs:
         skip_tokenizer_init=not spec.has_tokenizer(),
         enforce_eager=True,
         disable_log_stats=True,
+        **_chunking(spec),
         worker_extension_cls=WORKER_EXTENSION,
     )
+
+
+def _chunking(spec: EngineSpec) -> dict[str, Any]:
+    """Chunked prefill of at most ``spec.prefill_chunk_tokens`` per step (vLLM's default when 0)."""
+    if spec.prefill_chunk_tokens <= 0:
+        return {}
+    return {"enable_chunked_prefill": True,
+            "max_num_batched_tokens": max(spec.prefill_chunk_tokens, spec.max_num_seqs)}  # fmt: skip
 
 
 def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
