@@ -78,16 +78,41 @@ def endpoint() -> Iterator[str]:
 
 
 def test_generator_streams_against_a_real_http_server(endpoint: str) -> None:
-    gen = LoadGenerator(endpoint, LoadConfig(base_rps=20, burst_rps=40, max_in_flight=4))
+    gen = LoadGenerator([endpoint], LoadConfig(base_rps=20, burst_rps=40, max_in_flight=4))
     gen.start()
     threading.Event().wait(0.6)
     gen.stop()
     samples = gen.samples()
-    assert samples and all(s.ok and s.tokens == 3 for s in samples)
+    assert samples and all(s.ok and s.tokens == 3 and s.endpoint == 0 for s in samples)
+
+
+def test_arrivals_spread_over_every_endpoint_by_their_shares(endpoint: str) -> None:
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        gen = LoadGenerator([endpoint, f"http://127.0.0.1:{other.server_address[1]}/v1"],
+                            LoadConfig(base_rps=200, burst_rps=200, max_in_flight=8, endpoint_shares=[3, 1]))
+        gen.start()
+        threading.Event().wait(1.0)
+        gen.stop()
+    finally:
+        other.shutdown()
+    samples = gen.samples()
+    counts = [sum(1 for s in samples if s.endpoint == i and s.ok) for i in (0, 1)]
+    assert counts[1] > 0 and counts[0] > 1.5 * counts[1], counts  # 3:1 expected; far from 1:1
+
+
+def test_endpoint_shares_must_match_the_endpoints() -> None:
+    with pytest.raises(ValueError, match="one share per serving executor"):
+        LoadGenerator(["http://a/v1", "http://b/v1"], LoadConfig(endpoint_shares=[1, 2, 3]))
+    with pytest.raises(ValueError, match="positive sum"):
+        LoadConfig(endpoint_shares=[0, 0])
+    with pytest.raises(ValueError, match="at least one serving endpoint"):
+        LoadGenerator([], LoadConfig())
 
 
 def test_unreachable_endpoint_counts_failures() -> None:
-    gen = LoadGenerator("http://127.0.0.1:9/v1", LoadConfig(base_rps=50, burst_rps=50))
-    gen._model = "m"
+    gen = LoadGenerator(["http://127.0.0.1:9/v1"], LoadConfig(base_rps=50, burst_rps=50))
+    gen._models = ["m"]
     gen._one(0.0)
     assert gen.samples()[0].ok is False

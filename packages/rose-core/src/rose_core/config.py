@@ -116,9 +116,14 @@ class LoadConfig(ConfigSection):
     max_tokens: int = 16
     max_in_flight: int = 8
     seed: int = 1
+    endpoint_shares: list[float] = []
+    """Share of the arrivals per serving executor, in the order of their ids (``serving-0``, ``serving-1``, ...);
+    empty: equal shares."""
 
     def __post_init__(self) -> None:
         require_positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight)
+        if any(s < 0 for s in self.endpoint_shares) or (self.endpoint_shares and sum(self.endpoint_shares) <= 0):
+            raise ValueError("`endpoint_shares` must be >= 0 with a positive sum (one per serving executor)")
 
 
 class ExecutorsConfig(ConfigSection):

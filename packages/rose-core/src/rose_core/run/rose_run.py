@@ -173,12 +173,15 @@ class Launch:
             f"{r.executor_id} ({r.role})" for r in controller.executors.values()))
 
     def start_load(self) -> LoadGenerator | None:
-        endpoints = [r.info.serving_endpoint for r in self._control().executors.values() if r.info.serving_endpoint]
-        if not self.config.load.enabled or not endpoints:
+        serving = sorted((r for r in self._control().executors.values() if r.info.serving_endpoint),
+                         key=lambda r: r.executor_id)
+        if not self.config.load.enabled or not serving:
             return None
-        self.load = LoadGenerator(endpoints[0], self.config.load)
+        self.load = LoadGenerator([r.info.serving_endpoint for r in serving], self.config.load)
         self.load.start()
-        self.say(f"production traffic -> {endpoints[0]} (bursty, {self.config.load.base_rps}-"
+        spread = ", ".join(f"{r.executor_id} {share / sum(self.load.shares):.0%}"
+                           for r, share in zip(serving, self.load.shares, strict=True))
+        self.say(f"production traffic -> {spread} (bursty, {self.config.load.base_rps}-"
                  f"{self.config.load.burst_rps} req/s)")
         return self.load
 
