@@ -130,7 +130,8 @@ def test_requeued_turns_keep_their_place() -> None:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random joins, stalls, aborts, results and revocations: nothing lost, nothing accepted twice."""
+    """Random joins, stalls, aborts, results, revocations, re-lending and turn timeouts: nothing lost, nothing
+    accepted twice."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,7 +182,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.abort(self.now, wid, tid, tk.attempt, "memory")
 
     @precondition(lambda self: bool(self.s.workers))
-    @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "heartbeat"]))
+    @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "lend_again", "overdue", "heartbeat"]))
     def disturb(self, data: st.DataObject, how: str) -> None:
         wid = data.draw(st.sampled_from(sorted(self.s.workers)))
         if how == "stall":
@@ -194,6 +195,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.s.remove_worker(self.now, wid)
         elif how == "revoke":
             self.s.revoke(self.now, wid)
+        elif how == "lend_again":
+            self.s.lend_again(wid)
+            self.s.borrow([(wid, 0.0)])
+        elif how == "overdue":
+            self.now += 0.5
+            self.s.find_overdue(self.now, 0.3)
         else:
             self.s.observe(self.now, wid, weight_version=0)
 

@@ -30,7 +30,7 @@ class IndexedSchedulerMachine(SchedulerMachine):
         if found is None:
             assert not usable
             return
-        worker, reason = found
+        worker, reason, _detail = found
         pool = [w for w in usable if w.pool == worker.pool]
         assert worker.load == min(w.load for w in pool)
         assert reason == "borrowed" or not any(w.pool == "serving" for w in [worker])
@@ -42,7 +42,8 @@ TestIndexedSchedulerMachine = IndexedSchedulerMachine.TestCase
 TestIndexedSchedulerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
-def test_long_tail_moves_a_straggler_from_borrowed_to_idle_dedicated() -> None:
+def _straggler_on_borrowed() -> ElasticScheduler:
+    """Trajectory B's turn finished on borrowed s1, A's on dedicated d1 (now idle); B's next turn is queued."""
     s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=1))
     s.add_worker(0, "d1", "dedicated", 1, 0)
     s.add_worker(0, "s1", "serving", 1, 0)
@@ -54,8 +55,57 @@ def test_long_tail_moves_a_straggler_from_borrowed_to_idle_dedicated() -> None:
     s.finish_trajectory("A")
     s.complete(1, "s1", "b0", 0)
     s.submit(1, TurnTicket("b1", "B", 0, 0, 1.0))
+    return s
+
+
+def test_a_warm_prefix_on_a_borrowed_worker_keeps_the_next_turn_there() -> None:
+    s = _straggler_on_borrowed()
+    (a,) = s.schedule(1)
+    assert (a.worker_id, a.reason) == ("s1", "affinity")
+    assert s.workers["s1"].routed == {"borrowed": 1, "affinity": 1}
+
+
+def test_long_tail_moves_a_straggler_whose_prefix_went_cold() -> None:
+    s = _straggler_on_borrowed()
+    s.observe(1, "s1", weight_version=0, warm_trajectories=[])  # its heartbeat: B's prefix was evicted
+    (a,) = s.schedule(1)
+    assert (a.worker_id, a.reason, a.detail) == ("d1", "long_tail", "prefix cold on s1")
+
+
+def test_long_tail_moves_a_straggler_off_a_worker_holding_turns_for_serving() -> None:
+    s = _straggler_on_borrowed()
+    s.observe(1, "s1", weight_version=0, held=2, warm_trajectories=["B"])
     (a,) = s.schedule(1)
     assert (a.worker_id, a.reason) == ("d1", "long_tail")
+    assert a.detail == "s1 holds 2 turns for serving, d1 idle"
+
+
+def test_a_revoked_worker_is_not_affine_nor_borrowed_again_until_lent_again() -> None:
+    s = _straggler_on_borrowed()
+    s.revoke(1, "s1")
+    assert s.borrow([("s1", 0.0)]) == []
+    (a,) = s.schedule(1)
+    assert (a.worker_id, a.reason) == ("d1", "dedicated")
+    s.lend_again("s1")
+    assert s.borrow([("s1", 0.0)]) == ["s1"]
+
+
+def test_an_overdue_turn_on_a_heartbeating_worker_is_rerouted_and_cancelled_there() -> None:
+    s = ElasticScheduler()
+    s.add_worker(0, "d1", "dedicated", 4, 0)
+    s.submit(0, TurnTicket("t0", "T", 0, 0, 0.0))
+    s.submit(0, TurnTicket("u0", "U", 0, 0, 0.0))
+    s.schedule(0)
+    s.complete(5, "d1", "u0", 0)
+    s.observe(9, "d1", weight_version=0)  # it still heartbeats: the stall rule does not fire
+    assert s.find_stalled(9, 2.0) == [] and s.find_overdue(9, 10.0) == []
+    ((old, ticket),) = s.find_overdue(11, 10.0)
+    assert (old, ticket.turn_id, ticket.attempt) == ("d1", "t0", 1)
+    assert [(c.worker_id, c.turn_id, c.attempt) for c in s.take_cancellations()] == [("d1", "t0", 0)]
+    assert s.complete(12, "d1", "t0", 0) == "late"  # the old attempt's result stays discarded
+    (again,) = s.schedule(12)
+    assert again.ticket.attempt == 1 and s.complete(13, "d1", "t0", 1) == "accepted"
+    assert s.find_overdue(100, 10.0) == [] and s.counters["rerouted_overdue"] == 1
 
 
 def test_affinity_to_a_dedicated_worker_is_kept() -> None:

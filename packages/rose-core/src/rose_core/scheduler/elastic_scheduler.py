@@ -3,16 +3,23 @@
 Pure policy: every method takes ``now`` and observations and returns decisions; it never reads a clock,
 sleeps or does I/O. The controller drives it with the wall clock, the simulator with simulated time.
 
-Routing order for a turn: the affine worker (where its trajectory's last turn ran) if it can take it ->
-the least-loaded dedicated worker -> the least-loaded borrowed serving worker that reports SLO headroom
-and an unfrozen memory budget -> the FIFO queue (re-routed turns keep their place: fair aging).
-A worker can take a turn only if it holds a weight version inside the turn's allowed window.
-Long tail (move back when capacity frees): a turn whose affine worker is a borrowed serving worker goes to
-the least-loaded dedicated worker with room, if any (reason ``long_tail``): a trajectory spills to serving
-GPUs under contention, and at the end of a step, when dedicated GPUs free up while borrowed ones (slowed by
-serving) still hold stragglers, the stragglers' next turns run where they finish sooner. The reverse move
-(off a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
+Routing order for a turn: the affine worker (where its trajectory's last turn ran, holding its prefix KV)
+if it can take it -> the least-loaded dedicated worker -> the least-loaded borrowed serving worker that
+reports SLO headroom and an unfrozen memory budget -> the FIFO queue (re-routed turns keep their place:
+fair aging). A worker can take a turn only if it holds a weight version inside the turn's allowed window.
+A worker that has no room, or whose serving needs it back (no SLO headroom, frozen budget, revoked), is
+not affine: the turn is routed as a new one.
+
+Long tail (reason ``long_tail``, with its cause in ``Assignment.detail``): affinity to a borrowed serving
+worker is overridden for the least-loaded dedicated worker with room when (a) the trajectory's prefix is not
+warm there any more (its heartbeat's ``warm_trajectories`` dropped it: moving costs no cache), or (b) that
+worker is holding turns back for serving while a dedicated worker sits idle (at the end of a step the
+stragglers' next turns run where they finish sooner). Otherwise the warm prefix wins. The reverse move (off
+a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
 serving load, which the scheduler does not model.
+
+Turn timeout (``find_overdue``): a turn assigned longer than the bound to a worker that still heartbeats
+(held by its guard, or stuck) is re-routed and cancelled there, like the turns of a stalled worker.
 
 Workers are changed only through this class (it keeps a load index of them for the least-loaded pick).
 
@@ -35,7 +42,7 @@ from rose_core.scheduler.turn_ticket import TurnTicket
 from rose_core.scheduler.worker_state import Pool, WorkerState
 
 Verdict = Literal["accepted", "late", "duplicate", "unknown"]
-_STILL_RUNNING = frozenset({"stalled", "revoked"})
+_STILL_RUNNING = frozenset({"stalled", "revoked", "overdue"})
 """Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
 
 
@@ -45,6 +52,8 @@ class Assignment:
     worker_id: str
     reason: str
     """affinity | dedicated | borrowed | long_tail"""
+    detail: str = ""
+    """Why a long-tail move overrode affinity (``prefix cold on W`` / ``W holds turns, dedicated idle``)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,6 +71,7 @@ class ElasticScheduler:
         self.workers: dict[str, WorkerState] = {}
         self.queue = TurnQueue()
         self._running: dict[str, tuple[str, TurnTicket]] = {}
+        self._assigned_at: dict[str, float] = {}
         self._done: set[str] = set()
         self._affinity: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
@@ -83,7 +93,8 @@ class ElasticScheduler:
     def borrow(self, candidates: Iterable[tuple[str, float]], limit: int | None = None) -> list[str]:
         """Borrow up to N serving workers with the lowest recent KV usage; at most one job per worker."""
         n = self.config.max_borrowed_workers if limit is None else limit
-        free = sorted((usage, wid) for wid, usage in candidates if wid in self.workers and not self.workers[wid].borrowed)
+        free = sorted((usage, wid) for wid, usage in candidates
+                      if wid in self.workers and not self.workers[wid].borrowed and not self.workers[wid].revoked)
         chosen = [wid for _, wid in free[:n]]
         for wid in chosen:
             self.workers[wid].borrowed = True
@@ -98,13 +109,21 @@ class ElasticScheduler:
         return released
 
     def revoke(self, now: float, worker_id: str) -> list[TurnTicket]:
-        """The serving owner takes a borrowed worker back: stop routing to it, re-route its turns."""
+        """The serving owner takes a borrowed worker back: stop routing to it (for the rest of the job),
+        re-route its turns and cancel them there."""
         worker = self.workers.get(worker_id)
         if worker is None:
             return []
         worker.borrowed = False
+        worker.revoked = True
         self._index.refile(worker)
         return self._evacuate(now, worker, "revoked")
+
+    def lend_again(self, worker_id: str) -> None:
+        """The serving owner lends a revoked worker again: it may be borrowed (``borrow``) once more."""
+        worker = self.workers.get(worker_id)
+        if worker is not None:
+            worker.revoked = False
 
     def observe(
         self,
@@ -115,8 +134,10 @@ class ElasticScheduler:
         slo_headroom: bool = True,
         budget_frozen: bool = False,
         kv_usage_ratio: float = 0.0,
+        held: int = 0,
+        warm_trajectories: Iterable[str] | None = None,
     ) -> None:
-        """A heartbeat's load report."""
+        """A heartbeat's load report (``warm_trajectories`` None: what the scheduler knows stays)."""
         worker = self.workers.get(worker_id)
         if worker is None or worker.health == "gone":
             return
@@ -126,6 +147,9 @@ class ElasticScheduler:
         worker.slo_headroom = slo_headroom
         worker.budget_frozen = budget_frozen
         worker.kv_usage_ratio = kv_usage_ratio
+        worker.held = held
+        if warm_trajectories is not None:
+            worker.warm = set(warm_trajectories)
         self._index.refile(worker)
 
     def find_stalled(self, now: float, stall_timeout_s: float) -> list[str]:
@@ -138,6 +162,19 @@ class ElasticScheduler:
                 self._evacuate(now, worker, "stalled")
                 stalled.append(worker.worker_id)
         return stalled
+
+    def find_overdue(self, now: float, turn_timeout_s: float) -> list[tuple[str, TurnTicket]]:
+        """Turns assigned longer than ``turn_timeout_s`` to a worker that still heartbeats (held by its
+        guard, or stuck): re-routed and cancelled there. Returns ``(old worker, re-queued ticket)``."""
+        cutoff = now - turn_timeout_s
+        overdue = [tid for tid, at in self._assigned_at.items() if at < cutoff]
+        moved = []
+        for turn_id in overdue:
+            worker_id = self._running[turn_id][0]
+            ticket = self._requeue(turn_id, "rerouted_overdue")
+            self._cancellations.append(Cancellation(worker_id, turn_id, ticket.attempt - 1))
+            moved.append((worker_id, ticket))
+        return moved
 
     def remove_worker(self, now: float, worker_id: str, reason: str = "gone") -> list[TurnTicket]:
         worker = self.workers.pop(worker_id, None)
@@ -167,13 +204,15 @@ class ElasticScheduler:
             if found is None:
                 refused.add(window)
                 return False
-            worker, reason = found
+            worker, reason, detail = found
             worker.in_flight[ticket.turn_id] = ticket.attempt
             self._index.refile(worker)
             self._running[ticket.turn_id] = (worker.worker_id, ticket)
+            self._assigned_at[ticket.turn_id] = now
             self.counters[f"routed_{reason}"] += 1
+            worker.routed[reason] += 1
             refused.clear()
-            out.append(Assignment(ticket, worker.worker_id, reason))
+            out.append(Assignment(ticket, worker.worker_id, reason, detail))
             return True
 
         if self.queue:  # stop as soon as no worker has room: a saturated fleet costs O(1), not O(scan limit)
@@ -190,11 +229,13 @@ class ElasticScheduler:
             self.counters["late_results"] += 1
             return "late" if running is not None or self._known_queued(turn_id) else "unknown"
         del self._running[turn_id]
+        self._assigned_at.pop(turn_id, None)
         self._done.add(turn_id)
         worker = self.workers.get(worker_id)
         if worker is not None:
             worker.in_flight.pop(turn_id, None)
             worker.turns_done += 1
+            worker.warm.add(running[1].trajectory_id)  # its prefix is in that worker's cache now
             self._index.refile(worker)
         self._affinity[running[1].trajectory_id] = worker_id
         self.counters["completed"] += 1
@@ -211,7 +252,9 @@ class ElasticScheduler:
 
     def finish_trajectory(self, trajectory_id: str) -> None:
         """Forget a finished trajectory's affinity."""
-        self._affinity.pop(trajectory_id, None)
+        worker = self.workers.get(self._affinity.pop(trajectory_id, ""))
+        if worker is not None:
+            worker.warm.discard(trajectory_id)
 
     # ---------------------------------------------------------------- introspection
 
@@ -232,20 +275,31 @@ class ElasticScheduler:
 
     # ---------------------------------------------------------------- internals
 
-    def _pick(self, ticket: TurnTicket, skip_pools: bool = False) -> tuple[WorkerState, str] | None:
+    def _pick(self, ticket: TurnTicket, skip_pools: bool = False) -> tuple[WorkerState, str, str] | None:
         """``skip_pools``: the pools are known to hold no worker for this window; only affinity can place."""
         lo, hi = ticket.min_version, ticket.max_version
         affine = self.workers.get(self._affinity.get(ticket.trajectory_id, ""))
         if affine is not None and self._fits(affine, ticket):
-            back = None if skip_pools or affine.pool != "serving" else self._index.least_loaded("dedicated", lo, hi)
-            return (back, "long_tail") if back is not None else (affine, "affinity")
+            moved = None if skip_pools or affine.pool != "serving" else self._long_tail(affine, ticket)
+            return moved if moved is not None else (affine, "affinity", "")
         if skip_pools:
             return None
         dedicated = self._index.least_loaded("dedicated", lo, hi)
         if dedicated is not None:
-            return dedicated, "dedicated"
+            return dedicated, "dedicated", ""
         borrowed = self._index.least_loaded("serving", lo, hi)
-        return (borrowed, "borrowed") if borrowed is not None else None
+        return (borrowed, "borrowed", "") if borrowed is not None else None
+
+    def _long_tail(self, affine: WorkerState, ticket: TurnTicket) -> tuple[WorkerState, str, str] | None:
+        """Override affinity to a borrowed worker (see the module docstring), or None to keep it."""
+        back = self._index.least_loaded("dedicated", ticket.min_version, ticket.max_version)
+        if back is None:
+            return None
+        if ticket.trajectory_id not in affine.warm:
+            return back, "long_tail", f"prefix cold on {affine.worker_id}"
+        if affine.held > 0 and back.load == 0:
+            return back, "long_tail", f"{affine.worker_id} holds {affine.held} turns for serving, {back.worker_id} idle"
+        return None
 
     @staticmethod
     def _fits(worker: WorkerState, ticket: TurnTicket) -> bool:
@@ -267,6 +321,7 @@ class ElasticScheduler:
 
     def _requeue(self, turn_id: str, counter: str) -> TurnTicket:
         worker_id, ticket = self._running.pop(turn_id)
+        self._assigned_at.pop(turn_id, None)
         worker = self.workers.get(worker_id)
         if worker is not None:
             worker.in_flight.pop(turn_id, None)

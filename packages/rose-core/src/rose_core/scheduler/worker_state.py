@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,9 +19,18 @@ class WorkerState:
     last_seen: float
     health: WorkerHealth = "ready"
     borrowed: bool = False
+    revoked: bool = False
+    """Its serving owner took it back: never borrowed again by this job."""
     slo_headroom: bool = True
     budget_frozen: bool = False
     kv_usage_ratio: float = 0.0
+    held: int = 0
+    """Turns it holds back (its SLO guard has not released them), as its last heartbeat said."""
+    warm: set[str] = field(default_factory=set)
+    """Trajectories whose prefix KV it holds: its heartbeat's ``warm_trajectories``, plus every trajectory
+    whose turn finished here since."""
+    routed: Counter[str] = field(default_factory=Counter)
+    """Turns routed here, by reason."""
     in_flight: dict[str, int] = field(default_factory=dict)
     """turn_id -> attempt currently running here."""
     turns_done: int = 0

@@ -170,6 +170,7 @@ class ClusterSim:
     def _borrowed_ready(self, w: SimWorker, *, relend: bool) -> None:
         """A borrowed GPU finished activating (or, ``relend``, its owner lends it again: activate again)."""
         if relend:
+            self.sched.lend_again(w.worker_id)
             self.sched.borrow([(w.worker_id, 0.0)], limit=1)
             self.sched.observe(self.now, w.worker_id, weight_version=self.remote_version, slo_headroom=False)
             self._push(self.now + self.sc.elastic.rose_activation_s, WORKER_READY, w.worker_id, w.generation, None)
