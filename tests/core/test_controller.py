@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rose_core import messages as m
-from rose_core.config import ControllerConfig, RunConfig
+from rose_core.config import ControllerConfig, RunConfig, SchedulerConfig
 from rose_core.control_endpoint import ClientCallback
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
@@ -254,3 +254,86 @@ def test_weight_sync_from_an_executor_without_the_parts(controller: Controller, 
         part = controller.last_sync.executors["d1"]
         assert (part.transfer_s, part.apply_s, part.wait_s) == pytest.approx((0.0, 0.0, 0.4))
         assert controller.last_sync.publish_s == 0.0
+
+
+def beat(client: InProcessClient, eid: str, seq: int = 1, **load: object) -> None:
+    client.send(m.Heartbeat(executor_id=eid, seq=seq, sent_at=0.0, load=m.LoadReport(weight_version=0, **load)))
+
+
+def test_serving_executors_are_borrowed_at_job_start_lowest_kv_use_first(clock: FakeClock) -> None:
+    """Nothing is borrowed at registration; once the job opens borrowing and the load was watched for
+    ``borrow_after_s``, the least loaded serving executor is borrowed (here one slot: the busier one waits)."""
+    cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0),
+                    scheduler=SchedulerConfig(max_borrowed_workers=1, borrow_after_s=2.0))
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
+    try:
+        with join(ctl, "busy", role="serving") as busy, join(ctl, "calm", role="serving") as calm:
+            beat(busy, "busy", serving_kv_usage_ratio=0.30)
+            beat(calm, "calm", serving_kv_usage_ratio=0.05)
+            ctl.pump(0)
+            assert not any(w.borrowed for w in ctl.scheduler.workers.values())  # the job has not started
+            ctl.open_borrowing()
+            clock.now += 1.0
+            ctl.pump(0)
+            assert not any(w.borrowed for w in ctl.scheduler.workers.values())  # still watching
+            clock.now += 1.5
+            ctl.pump(0)
+            assert {w.worker_id for w in ctl.scheduler.workers.values() if w.borrowed} == {"calm"}
+            snap = ctl.snapshot(clock.now)
+            assert {e.executor_id: e.borrowed for e in snap.executors} == {"busy": False, "calm": True}
+    finally:
+        ctl.close()
+
+
+def test_a_revoked_executor_gives_its_turns_back_and_the_next_one_is_borrowed(clock: FakeClock) -> None:
+    """Its heartbeat says revoked: its turns are re-routed and cancelled there, it is never borrowed again,
+    the freed slot goes to the other serving executor; nothing is lost or accepted twice."""
+    got: list[m.FromController] = []
+    cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0),
+                    scheduler=SchedulerConfig(max_borrowed_workers=1, borrow_after_s=0.0))
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
+    try:
+        with join(ctl, "s1", role="serving", on_message=lambda _p, msg: got.append(msg)) as s1, \
+                join(ctl, "s2", role="serving") as s2:
+            beat(s1, "s1", serving_kv_usage_ratio=0.01)
+            beat(s2, "s2", serving_kv_usage_ratio=0.02)
+            ctl.open_borrowing()
+            ctl.pump(0)
+            ctl.submit_turn(turn(1))
+            ctl.pump(0)
+            assert ctl.scheduler.where("t1") == "s1"
+            (request,) = [msg for msg in got if isinstance(msg, m.TurnRequest)]
+            beat(s1, "s1", seq=2, revoked=True)
+            ctl.pump(0)
+            ctl.pump(0)
+            assert ctl.executors["s1"].revoked and ctl.scheduler.workers["s1"].revoked
+            assert [(c.turn_id, c.attempt) for c in got if isinstance(c, m.CancelTurn)] == [("t1", 0)]
+            assert ctl.scheduler.where("t1") == "s2"  # s2 was borrowed into the freed slot
+            s1.send(result(request, "s1"))  # finished there anyway: discarded
+            ctl.pump(0)
+            assert ctl.stats.late_results == 1 and ctl.stats.reroutes == 1
+    finally:
+        ctl.close()
+
+
+def test_a_turn_held_past_the_timeout_on_a_live_executor_is_rerouted_and_cancelled(clock: FakeClock) -> None:
+    got: dict[str, list[m.FromController]] = {"d1": [], "d2": []}
+    cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0, turn_timeout_s=30.0))
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
+    try:
+        with join(ctl, "d1", capacity=1, on_message=lambda _p, msg: got["d1"].append(msg)) as d1, \
+                join(ctl, "d2", capacity=1, on_message=lambda _p, msg: got["d2"].append(msg)) as d2:
+            ctl.submit_turn(turn(1))
+            ctl.pump(0)
+            first = ctl.scheduler.where("t1")
+            assert first is not None
+            for seq in range(1, 10):  # both keep heartbeating: the stall rule never fires
+                clock.now += 4.0
+                beat(d1, "d1", seq)
+                beat(d2, "d2", seq)
+                ctl.pump(0)
+            assert [(c.turn_id, c.attempt) for c in got[first] if isinstance(c, m.CancelTurn)] == [("t1", 0)]
+            assert ctl.scheduler.running_ticket("t1").attempt == 1  # type: ignore[union-attr]
+            assert ctl.scheduler.counters["rerouted_overdue"] == 1
+    finally:
+        ctl.close()

@@ -8,6 +8,7 @@ path, and ``load_config`` (``config_support.load_toml``) turns it into one line 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import msgspec
 
@@ -43,9 +44,13 @@ class ControllerConfig(ConfigSection):
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 2.0
     status_interval_s: float = 0.5
+    turn_timeout_s: float = 600.0
+    """A turn assigned longer than this to an executor that still heartbeats (held by its guard, or stuck) is
+    re-routed and cancelled there; 0: no bound."""
 
     def __post_init__(self) -> None:
         require_positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s)
+        require_non_negative(turn_timeout_s=self.turn_timeout_s)
         require_port(port=self.port)
         if self.stall_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("`stall_timeout_s` must exceed `heartbeat_interval_s`")
@@ -57,9 +62,13 @@ class SchedulerConfig(ConfigSection):
     staleness: int = 0
     """Weight versions a turn may lag behind the newest (0 = synchronous GRPO)."""
     queue_scan_limit: int = 256
+    borrow_after_s: float = 2.0
+    """Once the job starts (or a serving executor joins a running job), its load is watched this long before
+    it may be borrowed; then the serving executors with the lowest KV use are borrowed first."""
 
     def __post_init__(self) -> None:
         require_positive(max_concurrency_per_worker=self.max_concurrency_per_worker, queue_scan_limit=self.queue_scan_limit)
+        require_non_negative(borrow_after_s=self.borrow_after_s)
         require_non_negative(staleness=self.staleness, max_borrowed_workers=self.max_borrowed_workers)
 
 
@@ -135,6 +144,11 @@ class ExecutorsConfig(ConfigSection):
     rollout_capacity: int = 4
     """Concurrent turns per executor: small, so one dedicated executor saturates and the borrowed one helps."""
     start_timeout_s: float = 300.0
+    serving_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Fields of the serving executors' `rose-executor` config (docs/executor.md), over `rose run`'s own,
+    e.g. ``memory_high_watermark`` or ``revoke_after_pressure_s``; the executor validates them."""
+    dedicated_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The same for the dedicated executors."""
 
     def __post_init__(self) -> None:
         if self.dedicated < 0 or self.serving < 0 or self.dedicated + self.serving == 0:

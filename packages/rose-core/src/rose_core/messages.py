@@ -85,6 +85,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """What an executor knows about its own load, sent with every heartbeat."""
 
     serving_kv_usage_ratio: float = 0.0
+    """The serving engine's KV cache use, time-averaged over the executor's latency window (what borrowing
+    ranks by)."""
     serving_requests_in_flight: int = 0
     serving_requests_total: int = 0
     serving_ttft_p99_ms: float = 0.0
@@ -98,6 +100,22 @@ class LoadReport(msgspec.Struct, kw_only=True):
     weight_version: int = -1
     warm_trajectories: list[str] = []
     state: str = "ready"
+    rollout_held: int = 0
+    """Rollout turns the SLO guard holds back (submitted, not released to the engine)."""
+    rollout_budget_bytes: int = 0
+    """The serving-first memory budget for rollout KV (0: the executor has none: dedicated)."""
+    emergency_cuts_total: int = 0
+    """Emergency cuts of that budget (serving crossed the high watermark)."""
+    rollout_aborted_total: int = 0
+    """Rollout turns given back, every reason (memory, weight update, revocation, shutdown)."""
+    guard_hold_seconds_total: float = 0.0
+    """Time the SLO guard held rollout work that was waiting (turns in flight, engine paused)."""
+    guard_min_slack_ms: float = 0.0
+    """The guard's last minimum serving slack (negative: a budget would be missed)."""
+    prefix_hit_ratio: float = 0.0
+    """Rollout prompt tokens served from the prefix cache / all rollout prompt tokens."""
+    revoked: bool = False
+    """The serving owner took this executor back: it takes no more rollout turns in this job."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -305,6 +323,10 @@ class ExecutorStatus(msgspec.Struct, kw_only=True):
     load: LoadReport
     turns_done: int = 0
     last_seen_s: float = 0.0
+    borrowed: bool = False
+    """A serving executor this job borrowed (dedicated: always False)."""
+    routed: dict[str, int] = {}
+    """Turns the scheduler routed here, by reason (affinity, dedicated, borrowed, long_tail)."""
 
 
 class StepStatus(msgspec.Struct, kw_only=True):

@@ -26,6 +26,7 @@ from rose_core.messages import (
     PROTOCOL_VERSION,
     CancelTurn,
     ErrorReport,
+    ExecutorStatus,
     FromController,
     Goodbye,
     Heartbeat,
@@ -69,6 +70,13 @@ class ControllerStats:
     late_results: int = 0
     reroutes: int = 0
     turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+    prompt_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+    prefix_hit_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+
+    def prefix_hit_ratio(self, role: str) -> float:
+        """Accepted turns' prompt tokens served from the prefix cache, in ``role``'s pool."""
+        prompt = self.prompt_tokens_by_role.get(role, 0)
+        return self.prefix_hit_tokens_by_role.get(role, 0) / prompt if prompt else 0.0
 
 
 class Controller:
@@ -95,6 +103,8 @@ class Controller:
         self.history: list[StepStatus] = []
         self.weight_sync = (0.0, 0)
         self.last_sync = SyncBreakdown()
+        self._borrow_from: float | None = None
+        """When the job opened borrowing (``open_borrowing``); None: nothing is borrowed yet."""
         self.relays: dict[str, str] = {}
         """executor id -> the relay its cluster pulls weights through (``[[clusters]]``)."""
         self.finished = False
@@ -122,17 +132,48 @@ class Controller:
                         worker_id, self.config.controller.stall_timeout_s)
             if worker_id in self.executors:
                 self.executors[worker_id].state = "stalled"
+        timeout = self.config.controller.turn_timeout_s
+        for worker_id, ticket in self.scheduler.find_overdue(now, timeout) if timeout > 0 else ():
+            self.stats.reroutes += 1
+            metrics.TURNS_REROUTED.labels("overdue").inc()
+            log.warning("turn %s ran over %.0f s on %s (it still heartbeats); re-routed and cancelled there",
+                        ticket.turn_id, timeout, worker_id)
+        if self._borrow_from is not None:
+            self._borrow_by_load(now)
         for cancel in self.scheduler.take_cancellations():
             rec = self.executors.get(cancel.worker_id)
             if rec is not None:  # a stalled executor that comes back must not finish a re-routed attempt
                 self.server.send(rec.peer, CancelTurn(turn_id=cancel.turn_id, attempt=cancel.attempt))
         for assignment in self.scheduler.schedule(now):
+            if assignment.detail:
+                log.info("turn %s -> %s (%s: %s)", assignment.ticket.turn_id, assignment.worker_id,
+                         assignment.reason, assignment.detail)
             self._dispatch(assignment.ticket, assignment.worker_id, assignment.reason)
         if now >= self._next_status:
             self._next_status = now + self.config.controller.status_interval_s
             self.publish_status(now)
         metrics.QUEUED_TURNS.set(len(self.scheduler.queue))
         metrics.RUNNING_TURNS.set(self.scheduler.running)
+
+    def open_borrowing(self) -> None:
+        """The job starts: from now on serving executors are borrowed, lowest KV use first, each once its
+        load has been watched for ``scheduler.borrow_after_s`` (paper: at job start, the N_serving GPUs with
+        the lowest recent KV use)."""
+        if self._borrow_from is None:
+            self._borrow_from = self.clock()
+
+    def _borrow_by_load(self, now: float) -> None:
+        slots = self._borrow_slots()
+        if slots <= 0 or self._borrow_from is None:
+            return
+        settle = self.config.scheduler.borrow_after_s
+        watched = [(eid, rec) for eid, rec in self.executors.items()
+                   if rec.role == "serving" and not rec.revoked and rec.heartbeats > 0
+                   and now - max(self._borrow_from, rec.registered_at) >= settle]
+        candidates = [(eid, rec.load.serving_kv_usage_ratio) for eid, rec in watched]
+        for eid in self.scheduler.borrow(candidates, limit=slots):
+            ranked = ", ".join(f"{e} {u:.2e}" for e, u in sorted(candidates, key=lambda c: c[1]))
+            log.info("borrowed serving executor %s (KV use, lowest first: %s)", eid, ranked)
 
     def submit_turn(self, ticket: TurnTicket) -> None:
         self.scheduler.submit(self.clock(), ticket)
@@ -202,7 +243,7 @@ class Controller:
         return StatusSnapshot(
             controller_id=self.controller_id,
             time=time.time(),
-            executors=[rec.status(now) for rec in self.executors.values()],
+            executors=[self._status_of(rec, now) for rec in self.executors.values()],
             step=self.step_status,
             slo_ttft_ms=self.config.slo.ttft_ms,
             slo_tpot_ms=self.config.slo.tpot_ms,
@@ -216,6 +257,16 @@ class Controller:
             weight_sync_apply_seconds=self.last_sync.apply_s,
             weight_sync_wait_seconds=self.last_sync.wait_s,
         )
+
+    def snapshot_of(self, executor_id: str) -> ExecutorStatus:
+        """One executor's status now (as the status stream carries it)."""
+        return self._status_of(self.executors[executor_id], self.clock())
+
+    def _status_of(self, rec: ExecutorRecord, now: float) -> ExecutorStatus:
+        worker = self.scheduler.workers.get(rec.executor_id)
+        if worker is None:
+            return rec.status(now)
+        return rec.status(now, borrowed=worker.pool == "serving" and worker.borrowed, routed=dict(worker.routed))
 
     def publish_status(self, now: float) -> None:
         if not self._observers:
@@ -276,8 +327,6 @@ class Controller:
         rec = ExecutorRecord(peer=peer, info=msg, registered_at=now, last_seen=now, weight_version=msg.weight_version)
         self.executors[msg.executor_id] = rec
         self.scheduler.add_worker(now, msg.executor_id, msg.role, msg.rollout_capacity, msg.weight_version)
-        if msg.role == "serving":
-            self.scheduler.borrow([(msg.executor_id, 0.0)], limit=self._borrow_slots())
         log.info("executor %s registered (%s, %s)", msg.executor_id, msg.role, msg.device)
         self._update_executor_gauge()
 
@@ -293,9 +342,22 @@ class Controller:
         now = self.clock()
         rec.last_seen, rec.load, rec.state = now, msg.load, msg.load.state
         rec.weight_version = msg.load.weight_version
-        self.scheduler.observe(now, msg.executor_id, weight_version=msg.load.weight_version,
-                               slo_headroom=msg.load.slo_headroom, budget_frozen=msg.load.rollout_budget_frozen,
-                               kv_usage_ratio=msg.load.serving_kv_usage_ratio)
+        rec.heartbeats += 1
+        load = msg.load
+        self.scheduler.observe(now, msg.executor_id, weight_version=load.weight_version,
+                               slo_headroom=load.slo_headroom, budget_frozen=load.rollout_budget_frozen,
+                               kv_usage_ratio=load.serving_kv_usage_ratio, held=load.rollout_held,
+                               warm_trajectories=load.warm_trajectories)
+        if load.revoked and not rec.revoked:
+            self._on_revoked(rec, now)
+
+    def _on_revoked(self, rec: ExecutorRecord, now: float) -> None:
+        """Its serving owner took the executor back: re-route its turns (cancelled there), borrow no more."""
+        rec.revoked = True
+        moved = self.scheduler.revoke(now, rec.executor_id)
+        self.stats.reroutes += len(moved)
+        metrics.TURNS_REROUTED.labels("revoked").inc(len(moved))
+        log.warning("executor %s was revoked by its serving owner; %d turns re-routed", rec.executor_id, len(moved))
 
     def _on_turn_result(self, peer: bytes, msg: TurnResult) -> None:
         now = self.clock()
@@ -311,6 +373,10 @@ class Controller:
         if rec:
             rec.turns_done += 1
         self.stats.turns_by_role[role] = self.stats.turns_by_role.get(role, 0) + 1
+        prompt = len(ticket.payload.prompt_token_ids) if isinstance(ticket.payload, TurnPayload) else 0
+        self.stats.prompt_tokens_by_role[role] = self.stats.prompt_tokens_by_role.get(role, 0) + prompt
+        self.stats.prefix_hit_tokens_by_role[role] = (
+            self.stats.prefix_hit_tokens_by_role.get(role, 0) + min(msg.prefix_hit_tokens, prompt))
         metrics.TURNS_COMPLETED.labels(role).inc()
         if self.on_result is not None:
             self.on_result(AcceptedTurn(msg, ticket, role))
@@ -331,7 +397,7 @@ class Controller:
             rec.weight_version = msg.version
             self.scheduler.observe(self.clock(), msg.executor_id, weight_version=msg.version,
                                    slo_headroom=rec.load.slo_headroom, budget_frozen=rec.load.rollout_budget_frozen,
-                                   kv_usage_ratio=rec.load.serving_kv_usage_ratio)
+                                   kv_usage_ratio=rec.load.serving_kv_usage_ratio, held=rec.load.rollout_held)
         else:
             log.error("executor %s failed to apply version %d: %s", msg.executor_id, msg.version, msg.error)
 

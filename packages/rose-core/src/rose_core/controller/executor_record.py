@@ -20,6 +20,8 @@ class ExecutorRecord:
     applied_at: dict[int, float] = field(default_factory=dict)
     """Controller clock when each ``WeightApplied`` was handled (the end of that executor's sync)."""
     turns_done: int = 0
+    heartbeats: int = 0
+    revoked: bool = False
 
     @property
     def executor_id(self) -> str:
@@ -29,7 +31,7 @@ class ExecutorRecord:
     def role(self) -> str:
         return self.info.role
 
-    def status(self, now: float) -> ExecutorStatus:
+    def status(self, now: float, borrowed: bool = False, routed: dict[str, int] | None = None) -> ExecutorStatus:
         return ExecutorStatus(
             executor_id=self.executor_id,
             role=self.info.role,
@@ -38,4 +40,6 @@ class ExecutorRecord:
             load=self.load,
             turns_done=self.turns_done,
             last_seen_s=max(0.0, now - self.last_seen),
+            borrowed=borrowed,
+            routed=dict(routed or {}),
         )

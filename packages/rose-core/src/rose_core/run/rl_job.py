@@ -65,6 +65,8 @@ class StepReport:
     """Where ``sync_seconds`` went (``rose_core.controller.weight_sync``; ``docs/controller.md``)."""
     link_bytes: dict[str, int] = field(default_factory=dict)
     """Per cluster with a started relay: bytes of this step's version that crossed the link to it."""
+    prefix_hit_ratio: dict[str, float] = field(default_factory=dict)
+    """Per pool (dedicated, serving): this step's accepted turns' prompt tokens served from the prefix cache."""
 
 
 @dataclass(slots=True)
@@ -103,6 +105,7 @@ class RLJob:
         self.version = 0
         self._rollout: _Rollout | None = None
         self._link_before: dict[str, int] = {}
+        self._prefix_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
         controller.on_result = self._on_result
 
     # ---------------------------------------------------------------- one step
@@ -110,6 +113,9 @@ class RLJob:
     def run_step(self, step: int) -> StepReport:
         started = time.monotonic()
         reroutes_before = self.controller.stats.reroutes
+        stats = self.controller.stats
+        self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
+        self.controller.open_borrowing()
         self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
         rollout = self._start_rollout(step)
         self._drive(rollout, time.monotonic() + self.config.rl.turn_timeout_s * self.config.rl.max_turns)
@@ -236,5 +242,14 @@ class RLJob:
             serving_tpot_p99_ms=window.tpot_p99_ms if window else 0.0,
             serving_slo_violations=window.slo_violations if window else 0,
             lost_trajectories=len(rollout.open), version_mismatches=rollout.mismatches,
-            published_version=self.version,
+            published_version=self.version, prefix_hit_ratio=self._prefix_hit_ratio(),
         )
+
+    def _prefix_hit_ratio(self) -> dict[str, float]:
+        stats, (prompt0, hit0) = self.controller.stats, self._prefix_before
+        out = {}
+        for role, prompt in stats.prompt_tokens_by_role.items():
+            tokens = prompt - prompt0.get(role, 0)
+            hits = stats.prefix_hit_tokens_by_role.get(role, 0) - hit0.get(role, 0)
+            out[role] = round(hits / tokens, 4) if tokens else 0.0
+        return out

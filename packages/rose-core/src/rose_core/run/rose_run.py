@@ -24,6 +24,7 @@ import tomli_w
 from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
 from rose_core.config import RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
+from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.errors import MissingExtraError, RoseError
 from rose_core.messages import StepStatus
 from rose_core.metrics import serve_metrics
@@ -87,6 +88,7 @@ def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, i
             serving_port=0,
             slo_from_profile=DEMO_SLO_FROM_PROFILE,
         )
+    section.update(ex.serving_overrides if role == "serving" else ex.dedicated_overrides)
     return section
 
 
@@ -249,12 +251,22 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
                  watchdog=launch.children.check_alive, on_progress=progress, relays=launch.relays)
 
 
+def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any]:
+    """One executor in the report: what it did, and its co-serving figures from its last heartbeat."""
+    status, load = controller.snapshot_of(rec.executor_id), rec.load
+    return {
+        "executor_id": rec.executor_id, "role": rec.role, "weight_version": rec.weight_version,
+        "turns_done": rec.turns_done, "borrowed": status.borrowed, "revoked": rec.revoked,
+        "routed": status.routed, "memory_budget_bytes": load.rollout_budget_bytes,
+        "emergency_cuts": load.emergency_cuts_total, "aborted_turns": load.rollout_aborted_total,
+        "prefix_hit_ratio": load.prefix_hit_ratio, "guard_hold_seconds": load.guard_hold_seconds_total,
+        "guard_min_slack_ms": load.guard_min_slack_ms,
+    }
+
+
 def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
     report.late_results = controller.stats.late_results
-    report.executors = [
-        {"executor_id": r.executor_id, "role": r.role, "weight_version": r.weight_version, "turns_done": r.turns_done}
-        for r in controller.executors.values()
-    ]
+    report.executors = [executor_entry(controller, r) for r in controller.executors.values()]
     if load is not None:
         whole = load.window(0.0, float("inf"), config.slo.ttft_ms, config.slo.tpot_ms)
         report.serving_requests = whole.requests
