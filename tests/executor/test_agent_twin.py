@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from itertools import count
@@ -196,6 +198,24 @@ async def test_memory_cut_aborts_and_freezes_until_the_next_step(executor: TwinE
     await peer.arrival(Heartbeat, timeout=5, where=lambda h: not h.load.rollout_budget_frozen)
     peer.send(turn("m4", sampling=LONG))
     await peer.arrival(TurnResult, where=lambda r: r.turn_id == "m4")
+
+
+async def test_sigusr1_revokes_the_host_its_turns_come_back_and_serving_goes_on(executor: TwinExecutor) -> None:
+    """The serving owner's signal: a heartbeat saying ``revoked`` comes first (the controller re-routes on it),
+    then the turn in flight comes back as ``revoked``; later turns are refused; serving still answers."""
+    peer = executor.controller
+    peer.send(turn("r1", sampling=LONG))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    beat = await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.revoked)
+    assert beat.load.state == "revoked"
+    given_back = await peer.arrival(TurnAborted, timeout=5, where=lambda a: a.turn_id == "r1")
+    assert given_back.reason == "revoked"
+    peer.send(turn("r2"))
+    assert (await peer.arrival(TurnAborted, timeout=5, where=lambda a: a.turn_id == "r2")).reason == "revoked"
+    assert len((await executor.serve([3, 4, 5], 4)).token_ids) == 4
+    later = await peer.arrival(Heartbeat, timeout=5)
+    assert later.load.revoked and later.load.rollout_aborted_total >= 2 and later.load.rollout_budget_bytes > 0
 
 
 async def test_failed_fetch_keeps_the_version(executor: TwinExecutor) -> None:

@@ -188,3 +188,25 @@ async def test_a_weight_update_leaves_the_guards_pause_state_true() -> None:
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
     await updater.close()
+
+
+async def test_hold_time_is_counted_and_sustained_pressure_calls_for_revocation_once() -> None:
+    """While serving has no slack the waiting turn's hold time adds up; after ``revoke_after_s`` without a
+    break the callback fires, once; headroom coming back resets the pressure clock."""
+    co, serving, _rollout, _, clock = setup()
+    calls: list[float] = []
+    co.revoke_after_s, co.on_sustained_pressure = 0.3, calls.append
+    request = serve(serving, "s", 8)
+    await clock.run_until(lambda: [r.tokens_out for r in serving.live_requests()] == [5])
+    co.runner.submit(turn("w"))
+    base = 100.125
+    for i in range(5):  # 1/8 s apart, every one without slack (the serving request is stalled on the clock)
+        verdict = await co.tick(base + 0.125 * i)
+        assert not verdict.headroom and not verdict.start and co.runner.held
+    assert co.hold_seconds_total == 0.5
+    assert calls == [0.375]  # the first tick past 0.3 s, and only once
+    await serving.abort("s")
+    await request
+    await co.tick(base + 0.75)
+    assert co.pressure_since is None
+    await co.runner.abort_all("shutdown")

@@ -41,12 +41,15 @@ def test_slo_budgets_from_config_or_from_the_profile(policy_dir: Path) -> None:
     assert derived.ttft_s == pytest.approx(5 * 0.018) and derived.tpot_s == pytest.approx(5 * 0.0023)
 
 
-def test_memory_budget_off_by_default_and_sized_from_the_models(policy_dir: Path, serving_dir: Path) -> None:
-    base = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir))
-    assert memory_budget(base) is None
+def test_memory_budget_on_by_default_and_sized_from_the_models(policy_dir: Path, serving_dir: Path) -> None:
     policy = footprint(str(policy_dir), "bfloat16")
     assert policy.kv_bytes_per_token == 512 and policy.weight_bytes > 0
     serving = footprint(str(serving_dir), "bfloat16")
+    base = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir), kv_cache_gib=0.5)
+    derived = memory_budget(base)  # the host share: both weights + both KV caches (0.5 GiB each)
+    share = policy.weight_bytes + serving.weight_bytes + 2**30
+    assert derived.policy.config.device_bytes == share
+    assert derived.budget_bytes == share - int(0.2 * share) - policy.weight_bytes - serving.weight_bytes
     device = 4 * (policy.weight_bytes + serving.weight_bytes)
     text = f'policy_model_dir = "{policy_dir}"\nserving_model_dir = "{serving_dir}"\ndevice_memory_bytes = {device}\n'
     budget = memory_budget(parse_executor_config(text))

@@ -5,6 +5,7 @@ import pytest
 from rose_executor.rollout.warm_trajectories import WarmTrajectories
 from rose_executor.serving.latency_window import LatencyWindow
 from rose_executor.serving.serving_monitor import ServingMonitor, has_headroom
+from rose_executor.serving.time_average import TimeAverage
 
 
 def test_percentiles_cover_only_the_horizon() -> None:
@@ -27,11 +28,29 @@ def test_tpot_and_kv_usage() -> None:
     window = LatencyWindow(horizon_s=1.0)
     for i in range(10):
         window.add_tpot(now=0.5, seconds=0.001 * (i + 1))
-    window.set_kv_usage(1.7)
+    window.set_kv_usage(0.5, 1.7)  # clamped to 1.0, held from t=0.5
     snap = window.snapshot(now=1.0)
     assert snap.tpot_p50_s == pytest.approx(0.0055)
     assert snap.tpot_samples == 10
-    assert snap.kv_usage_ratio == 1.0
+    assert snap.kv_usage_ratio == pytest.approx(0.5)  # full for half of the 1 s window
+
+
+def test_kv_usage_is_the_time_weighted_mean_over_the_window() -> None:
+    """A busy engine and a calm one compare by how long their KV was in use, not by one instant."""
+    busy, calm = TimeAverage(10.0), TimeAverage(10.0)
+    for t in range(10):  # busy: 0.4 for 0.8 s of every second; calm: 0.4 for 0.2 s
+        busy.set(t, 0.4)
+        busy.set(t + 0.8, 0.0)
+        calm.set(t, 0.4)
+        calm.set(t + 0.2, 0.0)
+    assert busy.mean(10.0) == pytest.approx(0.32) and calm.mean(10.0) == pytest.approx(0.08)
+    assert busy.last == 0.0  # an instant sample would call them equal
+    assert busy.mean(25.0) == 0.0  # everything aged out
+    steady = TimeAverage(2.0)
+    steady.set(0.0, 0.25)
+    assert steady.mean(100.0) == pytest.approx(0.25)  # a value older than the window still holds in it
+    with pytest.raises(ValueError, match="horizon_s"):
+        TimeAverage(0)
 
 
 def test_window_rejects_bad_settings() -> None:

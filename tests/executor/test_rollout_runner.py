@@ -75,10 +75,23 @@ async def test_cancel_gets_no_reply_and_abort_all_gives_every_turn_back() -> Non
     assert runner.cancel("x1", 0) and not runner.cancel("nope", 0)
     await clock.advance(1.0)
     assert replies(sent, "x1") == [] and runner.in_flight == 0 and engine.aborted == ["x1:0"]
+    assert (runner.cancelled_total, runner.cancelled_still_running) == (1, 0)  # the engine holds no request
     runner.submit(turn("s1", max_tokens=900))
     await clock.advance(0.05)
     assert await runner.abort_all("shutdown") == 1
     assert [(type(m), m.reason) for m in replies(sent, "s1")] == [(TurnAborted, "shutdown")]
+    assert runner.aborted_total == 1
+
+
+async def test_a_revoked_runner_gives_every_turn_back_and_refuses_new_ones_for_good() -> None:
+    runner, _engine, clock, sent = setup()
+    runner.submit(turn("r1", max_tokens=900))
+    await clock.advance(0.05)
+    assert await runner.revoke() == 1
+    runner.refuse("weight_update")
+    runner.admit()  # a weight update's admit does not lift a revocation
+    runner.submit(turn("r2"))
+    assert [m.reason for m in replies(sent, "r1") + replies(sent, "r2")] == ["revoked", "revoked"]
 
 
 async def test_an_engine_abort_is_an_engine_error_and_prefix_hits_are_counted() -> None:

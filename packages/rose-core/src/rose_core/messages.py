@@ -116,6 +116,10 @@ class LoadReport(msgspec.Struct, kw_only=True):
     """Rollout prompt tokens served from the prefix cache / all rollout prompt tokens."""
     revoked: bool = False
     """The serving owner took this executor back: it takes no more rollout turns in this job."""
+    rollout_cancelled_total: int = 0
+    """Turns the controller cancelled here (re-routed elsewhere) that the executor stopped."""
+    cancelled_still_running: int = 0
+    """Of those, how many its engine still held after the stop (0: every cancel reached the engine)."""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):

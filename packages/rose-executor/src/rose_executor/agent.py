@@ -3,6 +3,11 @@
 Flow: Hello -> Welcome, start the engines (and, on a serving host, the OpenAI endpoint), Register, then
 heartbeat with a ``LoadReport`` while handling turns, cancellations, weight announcements and steps, until
 ``Shutdown`` or SIGINT/SIGTERM: give in-flight turns back, say Goodbye, stop the engines.
+
+Revocation (serving role): SIGUSR1 (``rose-executor revoke``), or serving without SLO headroom for
+``revoke_after_pressure_s``, takes the host back from the RL job: a heartbeat saying ``revoked`` goes out at
+once (the controller re-routes this host's turns and borrows no more of it), then every in-flight turn is
+given back (``revoked``); serving goes on, and every later turn is refused until the executor restarts.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -98,6 +104,8 @@ class ExecutorAgent:
         self._server: OpenAIServer | None = None
         self._runner: RolloutRunner | None = None
         self._updater: WeightUpdater | None = None
+        self._revoking: asyncio.Task[int] | None = None
+        self._heartbeat_seq = 0
 
     @property
     def executor_id(self) -> str:
@@ -134,6 +142,20 @@ class ExecutorAgent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
+        loop.add_signal_handler(signal.SIGUSR1, self.revoke, "the serving owner sent SIGUSR1 (rose-executor revoke)")
+
+    def revoke(self, why: str) -> None:
+        """Take this serving host back from the RL job (see the module docstring); idempotent."""
+        runner = self._runner
+        if self.options.role != "serving":
+            log.warning("ignored a revocation (%s): a dedicated executor is not lent, stop it instead", why)
+            return
+        if runner is None or runner.revoked or self._link is None:
+            return
+        runner.revoked = True
+        log.warning("revoked: %s; giving every rollout turn back, serving goes on", why)
+        self._send_heartbeat(self._link)  # the controller re-routes before the turns come back one by one
+        self._revoking = asyncio.get_running_loop().create_task(runner.revoke())
 
     async def _handshake(self, link: ControllerLink) -> Welcome:
         link.send(Hello(peer_id=self.executor_id, kind="executor", software=f"rose-executor {__version__}"))
@@ -190,6 +212,8 @@ class ExecutorAgent:
         profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
         colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.colocated_profile else None
         self._co_serving = CoServing.build(cfg, profiles, (serving, rollout), runner, colocated)
+        self._co_serving.on_sustained_pressure = lambda seconds: self.revoke(
+            f"serving had no SLO headroom for {seconds:.0f} s (revoke_after_pressure_s)")
         admission = self._co_serving.guard.admission.config
         self._monitor = ServingMonitor(
             admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction, cfg.latency_window_s
@@ -263,14 +287,16 @@ class ExecutorAgent:
             await asyncio.gather(stop, *tasks, return_exceptions=True)
 
     async def _heartbeat_loop(self, link: ControllerLink) -> None:
-        seq = 0
         while True:
             if any(engine.errored for engine in self._engines):
                 self.request_stop("a vLLM engine died; see the log above", exit_code=1)
                 return
-            link.send(Heartbeat(executor_id=self.executor_id, seq=seq, sent_at=time.time(), load=self.load_report()))
-            seq += 1
+            self._send_heartbeat(link)
             await asyncio.sleep(self._heartbeat_s)
+
+    def _send_heartbeat(self, link: ControllerLink) -> None:
+        seq, self._heartbeat_seq = self._heartbeat_seq, self._heartbeat_seq + 1
+        link.send(Heartbeat(executor_id=self.executor_id, seq=seq, sent_at=time.time(), load=self.load_report()))
 
     async def _dispatch_loop(self, link: ControllerLink) -> None:
         while True:
@@ -311,7 +337,22 @@ class ExecutorAgent:
             weight_version=runner.weight_version if runner else -1,
             warm_trajectories=runner.warm.ids(time.monotonic()) if runner else [],
             state=self._state(),
+            rollout_held=len(runner.queued()) if runner else 0,
+            rollout_aborted_total=runner.aborted_total if runner else 0,
+            prefix_hit_ratio=runner.prefix_hit_rate if runner else 0.0,
+            revoked=runner.revoked if runner else False,
+            rollout_cancelled_total=runner.cancelled_total if runner else 0,
+            cancelled_still_running=runner.cancelled_still_running if runner else 0,
         )
+        memory = runner.memory if runner else None
+        if memory is not None:
+            report.rollout_budget_bytes = memory.budget_bytes
+            report.emergency_cuts_total = memory.policy.cuts
+        co = self._co_serving
+        if co is not None:
+            report.guard_hold_seconds_total = co.hold_seconds_total
+            slack = co.last.min_slack_s if co.last is not None else math.inf
+            report.guard_min_slack_ms = slack * 1000 if math.isfinite(slack) else 0.0
         if self._monitor is not None and self._serving is not None:
             snap = self._monitor.snapshot()
             report.serving_kv_usage_ratio = snap.kv_usage_ratio
@@ -326,6 +367,8 @@ class ExecutorAgent:
     def _state(self) -> str:
         if self._stop.is_set():
             return "stopping"
+        if self._runner is not None and self._runner.revoked:
+            return "revoked"
         if self._updater is not None and self._updater.updating:
             return "updating"
         if self._runner is not None and self._runner.held:
@@ -340,6 +383,8 @@ class ExecutorAgent:
 
     async def _shutdown(self) -> None:
         reason = self._stop_reason or "stopped"
+        if self._revoking is not None:
+            await asyncio.gather(self._revoking, return_exceptions=True)
         if self._runner is not None:
             self._runner.refuse("shutdown")
             aborted = await self._runner.abort_all("shutdown")
@@ -361,5 +406,5 @@ class ExecutorAgent:
             await self._link.close()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)

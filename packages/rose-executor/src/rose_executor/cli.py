@@ -1,7 +1,8 @@
 """``rose-executor``: run this host's executor agent against a controller, or the co-serving benchmark.
 
 ``rose-executor --controller ADDR --role R --config F`` (what ``rose run`` and operators call) runs the agent,
-as does ``rose-executor run ...`` with the same options; ``rose-executor bench`` runs the benchmark. A
+as does ``rose-executor run ...`` with the same options; ``rose-executor bench`` runs the benchmark;
+``rose-executor revoke ID`` takes a lent serving host back (``revoke_cli``). A
 ``RoseError`` ends as one line ``rose-executor: error: ...`` and exit status 2 (``rose_core.cli_support``).
 """
 
@@ -23,6 +24,7 @@ from rose_core.messages import Role
 from rose_core.metrics import serve_metrics
 from rose_executor.bench.bench_cli import bench
 from rose_executor.config import load_executor_config
+from rose_executor.revoke_cli import revoke
 
 PROGRAM = "rose-executor"
 REQUIRED = ("controller", "role", "config_path")
@@ -67,7 +69,8 @@ def agent_options(required: bool) -> Callable[[F], F]:
 def cli(ctx: click.Context, /, **agent: Any) -> None:
     """Run the ROSE executor on this host until the controller or a signal stops it.
 
-    `rose-executor bench --help`: the co-serving benchmark."""
+    `rose-executor bench --help`: the co-serving benchmark; `rose-executor revoke --help`: take a lent
+    serving host back from its RL job."""
     given = [name for name in REQUIRED if agent[name] is not None]
     if ctx.invoked_subcommand is not None:
         if given:
@@ -89,6 +92,7 @@ def run(**agent: Any) -> None:
 
 
 cli.add_command(bench)
+cli.add_command(revoke)
 
 
 def run_agent(

@@ -67,11 +67,16 @@ class ExecutorConfig(ConfigSection):
     profile_cache_dir: str = ""
     """Where start-up latency profiles are cached per model and device; default ~/.cache/rose/profiles."""
     device_memory_bytes: int = 0
-    """This executor's share of device memory for serving + rollout (serving role); 0: no memory budget."""
+    """This executor's share of device memory for serving + rollout (serving role); 0: derived (both models'
+    weights + both engines' KV caches). The serving-first budget is always on for a serving host."""
     memory_headroom_fraction: float = 0.2
     """Device memory reserved for serving growth above its usage at the last RL step."""
     memory_high_watermark: float = 0.5
     """Fraction of that headroom serving may use before the emergency cut of the rollout budget."""
+    revoke_after_pressure_s: float = 120.0
+    """Serving role: after this long without SLO headroom (no break) the executor revokes itself: it gives
+    its rollout turns back and takes no more in this job (also ``rose-executor revoke`` or SIGUSR1); 0: never
+    on its own."""
     weight_fetch_timeout_s: float = 300.0
     weight_drain_timeout_s: float = 30.0
     """How long running turns may take to finish on the old weights before a new version is committed;
@@ -99,6 +104,7 @@ class ExecutorConfig(ConfigSection):
             slo_from_profile=self.slo_from_profile,
             admission_margin_ms=self.admission_margin_ms,
             device_memory_bytes=self.device_memory_bytes,
+            revoke_after_pressure_s=self.revoke_after_pressure_s,
         )
         require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
         require_open_fraction(memory_headroom_fraction=self.memory_headroom_fraction)

@@ -260,7 +260,8 @@ def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any
         "routed": status.routed, "memory_budget_bytes": load.rollout_budget_bytes,
         "emergency_cuts": load.emergency_cuts_total, "aborted_turns": load.rollout_aborted_total,
         "prefix_hit_ratio": load.prefix_hit_ratio, "guard_hold_seconds": load.guard_hold_seconds_total,
-        "guard_min_slack_ms": load.guard_min_slack_ms,
+        "guard_min_slack_ms": load.guard_min_slack_ms, "cancelled_turns": load.rollout_cancelled_total,
+        "cancelled_still_running": load.cancelled_still_running,
     }
 
 

@@ -75,6 +75,15 @@ class CoServing:
         self.last: GuardVerdict | None = None
         self.feedback: Callable[[], bool] | None = None
         """The p99 feedback rule (``ServingMonitor.has_headroom``); None: off."""
+        self.hold_seconds_total = 0.0
+        """Time rollout turns were in flight here while the guard held them (serving had no slack to lend:
+        queued turns not released, running ones paused when their next step would break a budget)."""
+        self.pressure_since: float | None = None
+        """Since when serving has had no headroom, without a break (None: it has headroom)."""
+        self.on_sustained_pressure: Callable[[float], None] | None = None
+        """Called once (with the seconds) when serving went ``revoke_after_s`` without headroom."""
+        self.revoke_after_s = 0.0
+        self._last_tick: float | None = None
         self._wake = asyncio.Event()
 
     @classmethod
@@ -93,7 +102,9 @@ class CoServing:
         serving_model = guard_serving_model(profiles[0], colocated)
         guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
-        return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
+        co_serving = cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
+        co_serving.revoke_after_s = config.revoke_after_pressure_s
+        return co_serving
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
         self.feedback = feedback
@@ -147,12 +158,28 @@ class CoServing:
         self.active = bool(running or queued)
         feedback_ok = self.feedback() if self.feedback is not None else True
         verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
+        self._account(now, verdict)
         self.last = verdict
         self.headroom = verdict.headroom
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
         await self._apply(verdict)
         return verdict
+
+    def _account(self, now: float, verdict: GuardVerdict) -> None:
+        """Hold time (work waiting, not allowed to run) and sustained pressure (no headroom without a break)."""
+        last, self._last_tick = self._last_tick, now
+        if last is not None and self.active and not verdict.headroom:
+            self.hold_seconds_total += max(0.0, now - last)
+        if verdict.headroom:
+            self.pressure_since = None
+            return
+        if self.pressure_since is None:
+            self.pressure_since = now
+        lasted = now - self.pressure_since
+        if self.revoke_after_s > 0 and lasted >= self.revoke_after_s and self.on_sustained_pressure is not None:
+            callback, self.on_sustained_pressure = self.on_sustained_pressure, None
+            callback(lasted)
 
     async def _apply(self, verdict: GuardVerdict) -> None:
         run = verdict.run_rollout and self.active

@@ -1,5 +1,9 @@
 """The mechanism of serving-first memory on this device: observations for ``ServingFirstMemory``.
 
+Always on for a serving host. The device share is ``device_memory_bytes`` when set, else derived
+(``host_share``): on CPU what this host gave the two engines, both models' weights plus both KV caches
+(``kv_cache_gib`` each).
+
 On CPU vLLM can neither resize nor sleep its KV cache, so the budget is enforced by admission: a rollout
 sequence counts ``(prompt + max_tokens) x kv_bytes_per_token`` of the policy model from the moment it is
 admitted, and serving counts its weights plus the same reservation for each in-flight serving request (an
@@ -9,6 +13,7 @@ not show growth). The pure policy decides budget, cut, aborts and freeze.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,8 @@ from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, Ro
 from rose_executor import metrics
 from rose_executor.config import ExecutorConfig
 from rose_executor.engine.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,19 +85,25 @@ class ServingFirstBudget:
         return True
 
 
-def memory_budget(config: ExecutorConfig) -> ServingFirstBudget | None:
-    """The serving-first budget of this host, or None when ``device_memory_bytes`` is 0."""
-    if config.device_memory_bytes <= 0:
-        return None
+def memory_budget(config: ExecutorConfig) -> ServingFirstBudget:
+    """The serving-first budget of this serving host (``device_memory_bytes``, or the derived host share)."""
     serving = footprint(config.serving_model_dir, config.dtype)
     rollout = footprint(config.policy_model_dir, config.dtype)
+    device = config.device_memory_bytes or host_share(config, serving, rollout)
+    log.info("serving-first memory: %.1f MB for serving + rollout (%s); budget enforced by admission",
+             device / 1e6, "device_memory_bytes" if config.device_memory_bytes else "derived: weights + both KV caches")
     policy = MemoryPolicyConfig(
-        device_bytes=config.device_memory_bytes,
+        device_bytes=device,
         rollout_weight_bytes=rollout.weight_bytes,
         headroom_fraction=config.memory_headroom_fraction,
         high_watermark=config.memory_high_watermark,
     )
     return ServingFirstBudget(policy, serving, rollout)
+
+
+def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFootprint) -> int:
+    """What this host gave the two engines: both models' weights and both KV caches."""
+    return serving.weight_bytes + rollout.weight_bytes + 2 * int(config.kv_cache_gib * 2**30)
 
 
 def footprint(model_dir: str, dtype: str) -> ModelFootprint:

@@ -71,6 +71,15 @@ class RolloutRunner:
         self.warm = WarmTrajectories()
         self.prompt_tokens_total = 0
         self.prefix_hit_tokens_total = 0
+        self.aborted_total = 0
+        """Turns given back (``TurnAborted``), every reason."""
+        self.cancelled_total = 0
+        """Turns the controller cancelled (re-routed elsewhere) that this executor stopped."""
+        self.cancelled_still_running = 0
+        """Of those, how many the engine still held once the turn stopped (0 unless the engine failed to abort)."""
+        self.revoked = False
+        """The serving owner took the host back: every turn is refused with ``revoked`` from now on (unlike
+        ``refuse``, no ``admit`` lifts it)."""
         self._send = send
         self._clock = clock
         self._turns: dict[TurnKey, _Turn] = {}
@@ -214,6 +223,12 @@ class RolloutRunner:
         await asyncio.gather(*(t.task for t in waiting + late if t.task is not None), return_exceptions=True)
         return len(waiting) + len(late)
 
+    async def revoke(self) -> int:
+        """The serving owner takes the host back: refuse every turn from now on and give back those in
+        flight (reason ``revoked``); returns how many were given back."""
+        self.revoked = True
+        return await self.abort_all("revoked")
+
     async def abort_all(self, reason: str) -> int:
         """Give every in-flight turn back with ``reason``; returns how many."""
         turns = list(self._turns.values())
@@ -225,6 +240,8 @@ class RolloutRunner:
     # ---------------------------------------------------------------- one turn
 
     def _admission_refusal(self, req: TurnRequest) -> str:
+        if self.revoked:
+            return "revoked"
         if self._refusal:
             return self._refusal
         if not req.min_version <= self.weight_version <= req.max_version:
@@ -245,6 +262,8 @@ class RolloutRunner:
         except asyncio.CancelledError:
             if turn.abort_reason:
                 self._reply_aborted(req, turn.abort_reason)
+            elif turn.started_at is not None:
+                self._check_cancelled(f"{req.turn_id}:{req.attempt}")
             return
         except Exception as exc:
             log.warning("turn %s failed on the engine: %s", req.turn_id, exc)
@@ -257,6 +276,15 @@ class RolloutRunner:
             self._reply_aborted(req, turn.abort_reason or "engine_error: aborted by the engine")
             return
         self._reply_result(req, out, version, started - turn.received_at, self._clock() - started)
+
+    def _check_cancelled(self, request_id: str) -> None:
+        """A cancelled turn has stopped: the engine must hold no request for it any more."""
+        self.cancelled_total += 1
+        if any(r.request_id == request_id for r in self.engine.live_requests()):
+            self.cancelled_still_running += 1
+            log.warning("cancelled turn %s, but the engine still runs its request", request_id)
+            return
+        log.info("cancelled turn %s (re-routed by the controller); the engine holds no request for it", request_id)
 
     def _reply_result(self, req: TurnRequest, out: GenerationOutput, version: int, queued: float, ran: float) -> None:
         self.tokens_total += len(out.token_ids)
@@ -293,6 +321,7 @@ class RolloutRunner:
         return self.prefix_hit_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
 
     def _reply_aborted(self, req: TurnRequest, reason: str) -> None:
+        self.aborted_total += 1
         metrics.ROLLOUT_TURNS.labels(reason.split(":", 1)[0]).inc()
         self._send(
             TurnAborted(

@@ -1,4 +1,4 @@
-"""Rolling serving latency over the last N seconds: TTFT and TPOT percentiles, KV usage.
+"""Rolling serving latency over the last N seconds: TTFT and TPOT percentiles, KV usage (time-averaged).
 
 Pure: every method takes ``now`` (seconds, any monotonic clock), so the same object works under the wall
 clock and under simulated time.
@@ -10,6 +10,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
+from rose_executor.serving.time_average import TimeAverage
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,7 @@ class LatencySnapshot:
     ttft_samples: int
     tpot_samples: int
     kv_usage_ratio: float
+    """The KV cache use, time-averaged over the window (what borrowing ranks serving hosts by)."""
 
 
 class LatencyWindow:
@@ -39,7 +42,7 @@ class LatencyWindow:
         self._max_samples = max_samples
         self._ttft: deque[tuple[float, float]] = deque(maxlen=max_samples)
         self._tpot: deque[tuple[float, float]] = deque(maxlen=max_samples)
-        self._kv_usage = 0.0
+        self._kv_usage = TimeAverage(horizon_s)
 
     def add_ttft(self, now: float, seconds: float) -> None:
         self._ttft.append((now, seconds))
@@ -47,8 +50,8 @@ class LatencyWindow:
     def add_tpot(self, now: float, seconds: float) -> None:
         self._tpot.append((now, seconds))
 
-    def set_kv_usage(self, ratio: float) -> None:
-        self._kv_usage = min(max(ratio, 0.0), 1.0)
+    def set_kv_usage(self, now: float, ratio: float) -> None:
+        self._kv_usage.set(now, min(max(ratio, 0.0), 1.0))
 
     def snapshot(self, now: float) -> LatencySnapshot:
         ttft = self._recent(self._ttft, now)
@@ -60,7 +63,7 @@ class LatencyWindow:
             tpot_p99_s=_percentile(tpot, 99),
             ttft_samples=len(ttft),
             tpot_samples=len(tpot),
-            kv_usage_ratio=self._kv_usage,
+            kv_usage_ratio=self._kv_usage.mean(now),
         )
 
     def _recent(self, samples: deque[tuple[float, float]], now: float) -> list[float]:

@@ -61,7 +61,7 @@ class ServingMonitor:
             metrics.SERVING_SLO_ATTAINMENT.set(1 - self.violations_total / self.requests_total)
 
     def on_scheduler(self, kv_usage_ratio: float) -> None:
-        self.window.set_kv_usage(kv_usage_ratio)
+        self.window.set_kv_usage(self._clock(), kv_usage_ratio)
 
     def snapshot(self) -> LatencySnapshot:
         return self.window.snapshot(self._clock())
