@@ -114,12 +114,14 @@ def run_agent(
     config = load_executor_config(config_path)
     config.check_role(role)
     secret = load_secret(secret_file)
+    metrics = serve_metrics(config.advertise_host, metrics_port)
+    logging.getLogger(__name__).info("metrics on %s", metrics)
     options = AgentOptions(
         controller=controller,
         role=role,
         executor_id=executor_id or f"{socket.gethostname()}-{role}",
         secret=secret,
-        metrics_endpoint=serve_metrics(config.advertise_host, metrics_port),
+        metrics_endpoint=metrics,
     )
 
     async def agent() -> int:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Never
+from typing import Any, Never
 
 import msgspec
 import numpy as np
@@ -103,6 +103,9 @@ class Controller:
         self.history: list[StepStatus] = []
         self.weight_sync = (0.0, 0)
         self.last_sync = SyncBreakdown()
+        self.borrowing: list[dict[str, Any]] = []
+        """What happened to the serving executors this job: ``borrowed`` (with every candidate's KV use) and
+        ``revoked`` (with the turns re-routed), in order; ``at_s`` from when borrowing opened."""
         self._borrow_from: float | None = None
         """When the job opened borrowing (``open_borrowing``); None: nothing is borrowed yet."""
         self.relays: dict[str, str] = {}
@@ -174,6 +177,8 @@ class Controller:
         for eid in self.scheduler.borrow(candidates, limit=slots):
             ranked = ", ".join(f"{e} {u:.2e}" for e, u in sorted(candidates, key=lambda c: c[1]))
             log.info("borrowed serving executor %s (KV use, lowest first: %s)", eid, ranked)
+            self.borrowing.append({"event": "borrowed", "executor_id": eid, "at_s": round(now - self._borrow_from, 3),
+                                   "kv_usage_ratio": dict(candidates)})
 
     def submit_turn(self, ticket: TurnTicket) -> None:
         self.scheduler.submit(self.clock(), ticket)
@@ -358,6 +363,9 @@ class Controller:
         self.stats.reroutes += len(moved)
         metrics.TURNS_REROUTED.labels("revoked").inc(len(moved))
         log.warning("executor %s was revoked by its serving owner; %d turns re-routed", rec.executor_id, len(moved))
+        opened = self._borrow_from if self._borrow_from is not None else now
+        self.borrowing.append({"event": "revoked", "executor_id": rec.executor_id, "at_s": round(now - opened, 3),
+                               "turns_rerouted": len(moved)})
 
     def _on_turn_result(self, peer: bytes, msg: TurnResult) -> None:
         now = self.clock()

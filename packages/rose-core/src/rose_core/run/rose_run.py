@@ -268,6 +268,7 @@ def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any
 def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
     report.late_results = controller.stats.late_results
     report.executors = [executor_entry(controller, r) for r in controller.executors.values()]
+    report.borrowing = list(controller.borrowing)
     if load is not None:
         whole = load.window(0.0, float("inf"), config.slo.ttft_ms, config.slo.tpot_ms)
         report.serving_requests = whole.requests

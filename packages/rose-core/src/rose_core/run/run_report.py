@@ -24,6 +24,8 @@ class RunReport:
     slo_ttft_ms: float = 0.0
     slo_tpot_ms: float = 0.0
     executors: list[dict[str, Any]] = field(default_factory=list)
+    borrowing: list[dict[str, Any]] = field(default_factory=list)
+    """Serving executors borrowed (with every candidate's KV use) and revoked, in order (``Controller.borrowing``)."""
     error: str = ""
 
     @property

@@ -1,0 +1,127 @@
+"""`rose run` with serving-first memory on (the default) and two induced faults, each in its own step:
+step 2, a serving burst crosses the high watermark while rollout turns run beside it (one emergency cut,
+the youngest turns aborted and re-routed, the budget frozen until the next step); step 3, the dedicated
+executor freezes (SIGSTOP, engine included) past the stall timeout, its turns are re-routed, and when it
+thaws the controller's CancelTurn stops them there (its engine holds no request for them). Nothing is lost.
+Real vLLM CPU engines, real sockets, real traffic, real signals."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+import pytest
+
+from rose_core.rl.models import ensure_models
+from rose_executor.engine.model_info import count_parameters
+from rose_executor.revoke_cli import find_executor
+
+from .rose_run_support import LiveRun, metric
+
+STEPS = 3
+ROLLOUT_TURN_BYTES = 300 * 512  # a turn's KV reservation at ~300 tokens (prompt + max_tokens), policy 512 B/token
+CONFIG = """
+models_dir = "{work}/models"
+run_dir = "{work}/run"
+
+[rl]
+max_tokens_per_turn = 64
+
+[load]
+base_rps = 1.0
+burst_rps = 1.5
+
+[executors.serving_overrides]
+device_memory_bytes = {device}
+"""
+
+
+def small_device(models: Path) -> int:
+    """A host share whose rollout budget holds about four turns: 0.8 x share - both weights (20% headroom),
+    so a burst of a few long serving requests crosses the high watermark (half the headroom)."""
+    paths = ensure_models(models)
+    weights = 2 * (count_parameters(paths.policy) + count_parameters(paths.serving))  # bfloat16
+    return int((weights + 4 * ROLLOUT_TURN_BYTES) / 0.8)
+
+
+def burst(endpoint: str, requests: int = 6, max_tokens: int = 200) -> None:
+    """Long production requests at once (each reserves (48 + 200) x 2 KiB of serving KV)."""
+    url = urlsplit(endpoint)
+
+    def one(_: int) -> int:
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=120)
+        try:
+            conn.request("GET", f"{url.path}/models")
+            model = json.loads(conn.getresponse().read())["data"][0]["id"]
+            body = {"model": model, "prompt": list(range(4, 52)), "max_tokens": max_tokens, "ignore_eos": True}
+            conn.request("POST", f"{url.path}/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(requests) as pool:
+        assert list(pool.map(one, range(requests))) == [200] * requests
+
+
+def freeze(executor_id: str, seconds: float) -> None:
+    """SIGSTOP the executor and its engine processes for ``seconds``, then SIGCONT them."""
+    (pid,) = find_executor(executor_id)
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    for proc in tree:
+        proc.send_signal(signal.SIGSTOP)
+    time.sleep(seconds)
+    for proc in tree:
+        proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    work = tmp_path_factory.mktemp("rose-run-faults")
+    config = CONFIG.format(work=work, device=small_device(work / "models"))
+    with LiveRun(work, config, STEPS) as run:
+        run.wait_for_row(1)
+        serving = run.logged("serving-0", r"metrics on (\S+)")
+        endpoint = run.logged("serving-0", r"OpenAI-compatible API on (\S+)")
+        run.until("rollout turns admitted on serving-0",
+                  lambda: metric(serving, "rose_executor_rollout_tokens_admitted") > 0)
+        burst(endpoint)
+        run.wait_for_row(2)
+        dedicated = run.logged("dedicated-0", r"metrics on (\S+)")
+        run.until("a turn running on dedicated-0",
+                  lambda: metric(dedicated, "rose_executor_rollout_tokens_admitted") > 0, every_s=0.005)
+        freeze("dedicated-0", 3.5)  # the stall timeout is 2 s
+        return run.finish()
+
+
+def test_the_run_finishes_ok_with_nothing_lost(run_report: dict) -> None:
+    assert run_report["ok"], f"{run_report['error']}\n{run_report['_stderr'][-3000:]}\n{run_report['_logs']}"
+    assert run_report["lost_trajectories"] == 0 and run_report["version_mismatches"] == 0
+    assert run_report["serving_failed_requests"] == 0
+
+
+def test_the_serving_burst_cut_the_budget_aborted_turns_and_froze_it_until_the_step(run_report: dict) -> None:
+    serving = next(e for e in run_report["executors"] if e["executor_id"] == "serving-0")
+    assert serving["memory_budget_bytes"] > 0 and serving["emergency_cuts"] >= 1
+    log = run_report["_log_files"]["executor-serving-0"]
+    assert "serving memory crossed the high watermark" in log
+    aborted = [int(n) for n in re.findall(r"aborting (\d+) rollout turns", log)]
+    assert aborted and max(aborted) >= 1, aborted  # turns that no longer fit were given back...
+    assert run_report["turns_rerouted"] >= max(aborted)  # ...and re-routed
+    assert serving["emergency_cuts"] <= STEPS  # at most one cut per step: frozen until the next one
+
+
+def test_turns_rerouted_off_a_frozen_executor_are_cancelled_there(run_report: dict) -> None:
+    dedicated = next(e for e in run_report["executors"] if e["executor_id"] == "dedicated-0")
+    assert dedicated["cancelled_turns"] >= 1, dedicated
+    assert dedicated["cancelled_still_running"] == 0  # its engine holds no request for a cancelled turn
+    assert "the engine holds no request for it" in run_report["_log_files"]["executor-dedicated-0"]
