@@ -69,10 +69,10 @@ async def test_rows_update_in_place_and_rebuild_when_fleet_changes() -> None:
         app.post_message(StatusReceived(make_snapshot(t=1.0)))
         await pilot.pause()
         table = app.screen.query_one("#executors", ViewTable)
-        before = table.get_cell("dedicated-0", "turns").plain
+        before = table.get_cell("dedicated-0", "routing").plain
         app.post_message(StatusReceived(make_snapshot(t=5.0)))
         await pilot.pause()
-        assert table.get_cell("dedicated-0", "turns").plain != before
+        assert table.get_cell("dedicated-0", "routing").plain != before
         smaller = make_snapshot(t=6.0)
         smaller.executors = smaller.executors[:1]
         app.post_message(StatusReceived(smaller))
@@ -120,7 +120,7 @@ async def test_fits_80x24() -> None:
         app.post_message(StatusReceived(make_snapshot()))
         await pilot.pause()
         table = app.screen.query_one("#executors", ViewTable)
-        assert table.narrow and "role" not in table.shown_columns
+        assert table.narrow and "role" not in table.shown_columns and "routing" not in table.shown_columns
         assert table.region.height >= 5
         assert table.virtual_size.width <= table.scrollable_content_region.width  # no sideways scrolling
         assert app.screen.query_one("#history", ViewTable).region.bottom <= 23

@@ -60,7 +60,14 @@ def test_executor_rows() -> None:
     assert cell("serving-1", "state") == ("draining", "warn")
     assert cell("serving-1", "seen") == ("2.4s", "bad")
     assert cell("serving-0", "seen") == ("0.6s", "ok")
-    assert cell("dedicated-0", "turns") == ("310", None)
+    assert cell("serving-0", "rollout") == ("3/8 lent", None)
+    assert cell("serving-0", "guard") == ("4s +12ms", None)
+    assert cell("serving-0", "routing") == ("a55 b40", None)  # affinity 55, borrowed 40
+    assert cell("serving-0", "prefix") == ("31%", None)
+    assert cell("serving-1", "guard") == ("61s -8ms", "bad")  # serving's slack went below zero
+    assert cell("dedicated-0", "guard") == ("-", "idle")
+    assert cell("dedicated-0", "routing") == ("d200 a110", None)  # dedicated 200, affinity 110
+    assert cell("serving-1", "routing") == ("-", None)
 
 
 def test_step_slo_sync_and_history() -> None:

@@ -23,7 +23,7 @@ from rose_tui.widgets import ErrorBanner, SloGauge, StatusHeader, StepPanel, Vie
 
 NARROW_WIDTH = 96
 """Below this many cells the executor table drops its least needed columns (role is implied by KV "-")."""
-NARROW_HIDDEN = ("role", "turns")
+NARROW_HIDDEN = ("role", "guard", "routing", "prefix")
 
 
 class DashboardScreen(Screen[None]):

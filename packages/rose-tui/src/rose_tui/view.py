@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from rose_core.messages import ExecutorStatus, StatusSnapshot, StepStatus
+from rose_core.messages import ExecutorStatus, LoadReport, StatusSnapshot, StepStatus
 from rose_tui.formatting import (
     DASH,
     Level,
@@ -51,7 +51,9 @@ EXECUTOR_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kv", "KV"),
     ("ttft", "TTFT p99"),
     ("tpot", "TPOT p99"),
-    ("turns", "turns"),
+    ("guard", "guard"),
+    ("routing", "routed"),
+    ("prefix", "prefix"),
     ("seen", "seen"),
 )
 """``(key, label)`` of the executor table's columns, in order."""
@@ -209,6 +211,8 @@ class DashboardModel:
         rollout = f"{load.rollout_in_flight}/{load.rollout_capacity}"
         if load.rollout_budget_frozen:
             rollout += " frozen"
+        if serving and e.borrowed:
+            rollout += " lent"
         age = _age(e.last_seen_s, snapshot.time)
         cells = (
             Cell(e.executor_id),
@@ -221,7 +225,9 @@ class DashboardModel:
             else Cell(DASH, "idle"),
             _latency_cell(load.serving_ttft_p99_ms if serving else None, snapshot.slo_ttft_ms),
             _latency_cell(load.serving_tpot_p99_ms if serving else None, snapshot.slo_tpot_ms),
-            Cell(str(e.turns_done)),
+            guard_cell(load) if serving else Cell(DASH, "idle"),
+            Cell(routing_text(e.routed)),
+            Cell(format_ratio(load.prefix_hit_ratio)),
             Cell(format_age(age), self._age_level(age)),
         )
         return TableRow(e.executor_id, cells)
@@ -243,6 +249,24 @@ class DashboardModel:
         if self._first_time is None:
             self._first_time = time_s
         return time_s - self._first_time
+
+
+ROUTING_SHORT = {"affinity": "a", "dedicated": "d", "borrowed": "b", "long_tail": "t"}
+"""Routing reasons as the table shows them: affinity, dedicated, borrowed, long tail."""
+
+
+def routing_text(routed: dict[str, int]) -> str:
+    """Turns routed to an executor by reason, most first: ``a55 b40`` (affinity 55, borrowed 40)."""
+    ranked = sorted(((n, reason) for reason, n in routed.items() if n), reverse=True)
+    return " ".join(f"{ROUTING_SHORT.get(reason, reason)}{n}" for n, reason in ranked) or DASH
+
+
+def guard_cell(load: LoadReport) -> Cell:
+    """How long the SLO guard held rollout work here, and its last minimum serving slack: ``4s +12ms`` (red
+    when the slack went below zero, yellow while it holds turns)."""
+    slack = load.guard_min_slack_ms
+    text = f"{load.guard_hold_seconds_total:.0f}s {slack:+.0f}ms"
+    return Cell(text, "bad" if slack < 0 else "warn" if load.rollout_held else None)
 
 
 def fleet_latency_p99(executors: list[ExecutorStatus]) -> tuple[float | None, float | None]:
