@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import pytest_asyncio
+import torch
 
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.messages import (
@@ -119,6 +121,24 @@ async def test_register_describes_the_host(executor: TwinExecutor) -> None:
     assert reg.serving_endpoint.startswith("http://127.0.0.1:") and reg.serving_endpoint.endswith("/v1")
     assert reg.memory_bytes > 1 << 30
     assert [e.spec.purpose for e in executor.launcher.engines] == ["serving", "rollout"]
+
+
+async def test_on_a_gpu_host_the_engines_split_the_device_and_register_names_it(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch sees one H200 (monkeypatched): ``device = "auto"`` resolves to it, each engine gets its memory
+    fraction, only the rollout engine sleep mode, and Register names the GPU and its memory."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    h200 = SimpleNamespace(name="NVIDIA H200", total_memory=150 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: h200)
+    async with twin(config_path) as executor:
+        reg = executor.register
+        assert (reg.device, reg.memory_bytes) == ("cuda:0 (NVIDIA H200)", 150 << 30)
+        serving, rollout = (engine.spec for engine in executor.launcher.engines)
+        assert (serving.device, serving.gpu_memory_utilization, serving.enable_sleep_mode) == ("cuda", 0.55, False)
+        assert (rollout.device, rollout.gpu_memory_utilization, rollout.enable_sleep_mode) == ("cuda", 0.3, True)
+        assert not serving.enforce_eager and executor.launcher.engines[1].can_release_memory
 
 
 async def test_heartbeats_carry_the_load(executor: TwinExecutor) -> None:

@@ -32,12 +32,14 @@ GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
 
 
 def setup(
-    memory: ServingFirstBudget | None = None,
+    memory: ServingFirstBudget | None = None, *, can_release_memory: bool = False,
 ) -> tuple[CoServing, FakeEngine, FakeEngine, list[Any], VirtualClock]:
-    """Both engines are twins on one virtual clock (starting at 99.9 s); the runner and the loop read it too."""
+    """Both engines are twins on one virtual clock (starting at 99.9 s); the runner and the loop read it too.
+    ``can_release_memory``: the rollout twin sleeps like vLLM on a GPU with sleep mode."""
     clock = VirtualClock(99.9)
     sent: list[Any] = []
-    serving, rollout = FakeEngine(MODEL, clock), FakeEngine(MODEL, clock)
+    serving = FakeEngine(MODEL, clock)
+    rollout = FakeEngine(MODEL, clock, can_release_memory=can_release_memory)
     runner = RolloutRunner(rollout, "ex", 4, sent.append, clock=clock.now, guarded=True, memory=memory)
     guard = CoServingGuard(DualSlackAdmission(AdmissionConfig(0.5, 0.05), MODEL, MODEL))
     return CoServing(guard, serving, rollout, runner, 0.05, memory, clock), serving, rollout, sent, clock
@@ -210,3 +212,39 @@ async def test_hold_time_is_counted_and_sustained_pressure_calls_for_revocation_
     await co.tick(base + 0.75)
     assert co.pressure_since is None
     await co.runner.abort_all("shutdown")
+
+
+async def test_the_inactive_engine_releases_its_memory_and_a_turn_or_an_update_wakes_it() -> None:
+    """GPU sleep mode on the twin: inactive -> released; a submitted turn restores it before the guard admits
+    it; a weight update restores a released engine before it stages and keeps it awake until it is done."""
+    co, _, rollout, sent, clock = setup(can_release_memory=True)
+    await co.tick(100.0)
+    assert co.released and rollout.memory_released and rollout.calls[-1] == "release_memory"
+    co.runner.submit(turn("wake", max_tokens=4))
+    await co.tick(100.01)
+    assert not rollout.memory_released and "restore_memory" in rollout.calls
+    await clock.run_until(lambda: any(getattr(m, "turn_id", "") == "wake" for m in sent), timeout_s=5)
+    await co.tick(100.5)
+    assert co.released  # inactive again: released again
+    secret = b"h" * 32
+    updater = WeightUpdater(co.runner, rollout, executor_id="ex", secret=secret, send=sent.append)
+    updater.awaken, co.keep_memory = co.awaken, lambda: updater.updating
+    real_commit = rollout.commit_weights
+    ticks_during_commit: list[bool] = []
+
+    async def commit(version: int, timeout_s: float) -> Any:
+        await co.tick(101.0)  # the guard ticks mid-update: it must not release the engine under the commit
+        ticks_during_commit.append(rollout.memory_released)
+        return await real_commit(version, timeout_s)
+
+    rollout.commit_weights = commit  # type: ignore[method-assign]
+    with SparsePublisher(secret=secret, host="127.0.0.1", port=0) as publisher:
+        updater.announce(publisher.publish(1, 1, {"w": np.arange(64, dtype=np.float32)}))
+        while not any(isinstance(m, WeightApplied) for m in sent):
+            await asyncio.sleep(0.001)
+    assert next(m for m in sent if isinstance(m, WeightApplied)).ok and ticks_during_commit == [False]
+    calls = rollout.calls
+    assert calls.index("stage_weights(v1)") > len(calls) - 1 - calls[::-1].index("restore_memory")
+    await co.tick(102.0)
+    assert co.released  # the update is over: inactive, released again
+    await updater.close()

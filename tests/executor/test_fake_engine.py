@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput, WeightOrder
 from rose_executor.engine.engine_spec import EngineSpec
-from rose_executor.engine.fake_engine import FAKE_MODEL_DIR, FakeEngine
+from rose_executor.engine.fake_engine import FAKE_MODEL_DIR, FakeEngine, FakeEngineLauncher
 from rose_executor.engine.virtual_clock import VirtualClock
 from rose_transfer import DensePublisher
 
@@ -143,6 +144,46 @@ async def test_pause_without_keep_aborts_everything() -> None:
     await fake.pause()
     outs = await asyncio.gather(*tasks)
     assert [o.finish_reason for o in outs] == ["abort", "abort"] and await fake.is_paused()
+
+
+async def test_releasing_memory_aborts_and_drops_the_cache_and_restoring_schedules_again() -> None:
+    """Like vLLM's sleep level 1 and wake-up on a CUDA engine started with sleep mode."""
+    clock = VirtualClock(10.0)
+    fake = FakeEngine(MODEL, clock, EngineSpec(model_dir=FAKE_MODEL_DIR), can_release_memory=True)
+    warm = generate(fake, "warm", 300, 1)
+    await clock.run_until(warm.done)
+    running = generate(fake, "a", 8, 100)
+    await clock.advance(0.02)
+    await fake.release_memory()
+    await fake.release_memory()  # a second call is a no-op
+    assert (await running).finish_reason == "abort" and fake.memory_released and await fake.is_paused()
+    waiting = generate(fake, "b", 300, 2)
+    await clock.advance(60.0)
+    assert not waiting.done()  # accepted, not scheduled while released
+    await fake.restore_memory()
+    await clock.run_until(waiting.done)
+    assert waiting.result().num_cached_tokens == 0  # the prefix cache went with the KV cache
+    assert not fake.memory_released and not await fake.is_paused()
+    await fake.restore_memory()  # nothing to restore: a no-op
+    assert fake.calls == ["release_memory", "release_memory", "restore_memory", "restore_memory"]
+
+
+async def test_a_twin_without_memory_release_refuses_like_a_cpu_engine() -> None:
+    fake, _ = engine()
+    assert fake.can_release_memory is False
+    with pytest.raises(RoseError, match="built with can_release_memory=False"):
+        await fake.release_memory()
+    with pytest.raises(RoseError, match="cannot restore the memory"):
+        await fake.restore_memory()
+    assert fake.calls == []
+
+
+async def test_the_launcher_lets_a_sleep_mode_spec_release_memory(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    launcher = FakeEngineLauncher({"rollout": MODEL, "serving": MODEL}, VirtualClock())
+    asleep = EngineSpec(model_dir=tmp_path, device="cuda", gpu_memory_utilization=0.3, enable_sleep_mode=True)
+    assert (await launcher.start(asleep)).can_release_memory is True
+    assert (await launcher.start(EngineSpec(model_dir=tmp_path))).can_release_memory is False
 
 
 async def test_listeners_hear_arrivals_and_finishes() -> None:

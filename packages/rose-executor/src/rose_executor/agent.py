@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import assert_never
 
-import psutil
-
 from rose_core.channel import ControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
@@ -49,9 +47,11 @@ from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
 from rose_executor.config import ExecutorConfig
 from rose_executor.controller_link import ClientFactory, ControllerLink
+from rose_executor.engine.device import describe_device, resolve_device
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
 from rose_executor.engine.engine_protocol import Engine
-from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_executor.engine.engine_settings import engine_spec_for
+from rose_executor.engine.engine_spec import Purpose
 from rose_executor.engine.latency_profile import load_or_profile
 from rose_executor.engine.model_info import describe_model
 from rose_executor.memory.serving_first_budget import memory_budget
@@ -87,6 +87,7 @@ class ExecutorAgent:
         """``launcher`` starts the engines and ``connect`` the control channel: vLLM and ZMQ by default,
         ``FakeEngineLauncher`` and ``InProcessClient`` (the in-process twins) in tests."""
         config.check_role(options.role)
+        self.device = resolve_device(config.device, config.tensor_parallel_size)
         self.config = config
         self.options = options
         self._launcher = launcher or VllmLauncher()
@@ -204,6 +205,10 @@ class ExecutorAgent:
             drain_timeout_s=cfg.weight_drain_timeout_s,
             relay=cfg.weight_relay,
         )
+        if self._co_serving is not None:  # an update wakes a released engine; the guard keeps it awake meanwhile
+            updater, co_serving = self._updater, self._co_serving
+            updater.awaken = co_serving.awaken
+            co_serving.keep_memory = lambda: updater.updating
 
     async def _start_guard(self, serving: Engine, rollout: Engine, runner: RolloutRunner) -> None:
         """Profile both engines (or load the cached profiles), then let the monitor see serving traffic."""
@@ -225,17 +230,7 @@ class ExecutorAgent:
     async def _start_engine(self, model_dir: str, purpose: Purpose) -> Engine:
         cfg = self.config
         started = time.perf_counter()
-        spec = EngineSpec(
-            model_dir=Path(model_dir),
-            purpose=purpose,
-            kv_cache_gib=cfg.kv_cache_gib,
-            max_num_seqs=cfg.rollout_capacity if purpose == "rollout" else cfg.serving_max_num_seqs,
-            max_model_len=cfg.max_model_len,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            dtype=cfg.dtype,
-            served_model_name=cfg.serving_model_name if purpose == "serving" else "",
-            prefill_chunk_tokens=cfg.prefill_chunk_tokens if purpose == "rollout" else 0,
-        )
+        spec = engine_spec_for(cfg, self.device, Path(model_dir), purpose)
         engine = await self._launcher.start(spec)
         self._engines.append(engine)
         log.info("%s engine for %s ready in %.1f s", purpose, model_dir, time.perf_counter() - started)
@@ -246,13 +241,14 @@ class ExecutorAgent:
         models = [describe_model(cfg.policy_model_dir, "rollout")]
         if self.options.role == "serving":
             models.insert(0, describe_model(cfg.serving_model_dir, "serving", cfg.serving_model_name))
+        device = describe_device(self.device)
         return Register(
             executor_id=self.executor_id,
             role=self.options.role,
-            device="cpu",
+            device=device.device,
             host=cfg.advertise_host,
             models=models,
-            memory_bytes=int(psutil.virtual_memory().total),
+            memory_bytes=device.memory_bytes,
             rollout_capacity=cfg.rollout_capacity,
             serving_endpoint=self._serving_endpoint(),
             metrics_endpoint=self.options.metrics_endpoint,

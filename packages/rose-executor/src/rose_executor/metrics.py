@@ -92,3 +92,12 @@ WEIGHT_APPLY_SECONDS = Histogram(
     "Seconds from a weight announcement to the version being applied (fetch + reload).",
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
 )
+ROLLOUT_RESTORE_SECONDS = Histogram(
+    "rose_executor_rollout_restore_seconds",
+    "Waking the inactive rollout engine's released memory (vLLM sleep level 1 -> awake), GPU only.",
+    buckets=_LATENCY_BUCKETS,
+)
+ROLLOUT_MEMORY_RELEASED = Gauge(
+    "rose_executor_rollout_memory_released",
+    "1 while the inactive rollout engine's device memory is released (GPU, sleep mode).",
+)

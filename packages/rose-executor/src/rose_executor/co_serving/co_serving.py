@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 
 from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
@@ -48,7 +49,9 @@ class CoServing:
     Inactive / active: while no rollout turn is in flight the policy sits loaded but inactive (the rollout
     engine held, no KV reserved under the memory budget, nothing admitted); the first submitted turn wakes
     the tick, which resumes the engine and releases the turn if serving slack allows (activation bound:
-    ``rose-executor bench``'s ``activation`` figure, docs/executor.md).
+    ``rose-executor bench``'s ``activation`` figure, docs/executor.md). Where the rollout engine can release
+    its memory (GPU sleep mode), inactive also means released (after the hold), and activation first
+    restores it; a weight update wakes it too and keeps it awake (``keep_memory``) until it is committed.
     """
 
     def __init__(
@@ -83,6 +86,10 @@ class CoServing:
         self.on_sustained_pressure: Callable[[float], None] | None = None
         """Called once (with the seconds) when serving went ``revoke_after_s`` without headroom."""
         self.revoke_after_s = 0.0
+        self.released = False
+        """The inactive rollout engine's memory is released (GPU sleep mode; never on CPU)."""
+        self.keep_memory: Callable[[], bool] = lambda: False
+        """True while the rollout engine must stay awake though inactive (a weight update in progress)."""
         self._last_tick: float | None = None
         self._wake = asyncio.Event()
 
@@ -156,6 +163,8 @@ class CoServing:
                 self.runner.abort_keys(decision.abort, "memory")
         running, queued = self.runner.running(), self.runner.queued()
         self.active = bool(running or queued)
+        if self.active:
+            await self.awaken()  # a released engine gets its memory back before the guard lets work run
         feedback_ok = self.feedback() if self.feedback is not None else True
         verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
         self._account(now, verdict)
@@ -164,7 +173,30 @@ class CoServing:
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
         await self._apply(verdict)
+        if not self.active:
+            await self._release()
         return verdict
+
+    async def _release(self) -> None:
+        """Inactive (and held) with nothing to keep it awake: release the rollout engine's memory where the
+        platform can (GPU sleep mode)."""
+        if self.rollout.can_release_memory and not self.released and not self.keep_memory():
+            await self.rollout.release_memory()
+            self.released = True
+            metrics.ROLLOUT_MEMORY_RELEASED.set(1)
+
+    async def awaken(self) -> None:
+        """Give the rollout engine its released memory back (a no-op unless released); the engine then runs
+        (vLLM's wake-up resumes scheduling), so the next tick re-applies the guard's pause."""
+        if not self.released:
+            return
+        started = time.perf_counter()
+        await self.rollout.restore_memory()
+        seconds = time.perf_counter() - started
+        self.released, self.paused = False, False
+        metrics.ROLLOUT_RESTORE_SECONDS.observe(seconds)
+        metrics.ROLLOUT_MEMORY_RELEASED.set(0)
+        log.info("rollout engine woken from released memory in %.2f s", seconds)
 
     def _account(self, now: float, verdict: GuardVerdict) -> None:
         """Hold time (work waiting, not allowed to run) and sustained pressure (no headroom without a break)."""

@@ -36,7 +36,10 @@ LOAD_SEQUENCES = 8
 
 def colocated_key(serving: Engine, rollout: Engine) -> str:
     s, r = serving.spec, rollout.spec
-    return f"colocated-{profile_key(Path(s.model_dir), s.dtype)}-with-{profile_key(Path(r.model_dir), r.dtype)}"
+    return (
+        f"colocated-{profile_key(Path(s.model_dir), s.dtype, s.profile_device)}"
+        f"-with-{profile_key(Path(r.model_dir), r.dtype, r.profile_device)}"
+    )
 
 
 async def load_or_profile_colocated(serving: Engine, rollout: Engine, cache_dir: Path | None = None) -> EngineProfile:

@@ -99,6 +99,23 @@ class Engine(Protocol):
 
     async def is_paused(self) -> bool: ...
 
+    @property
+    def can_release_memory(self) -> bool:
+        """True where the engine can give its device memory back while inactive (vLLM sleep mode: CUDA
+        engines started with it; never on CPU)."""
+        ...
+
+    async def release_memory(self) -> None:
+        """Free the engine's device memory for the inactive policy (vLLM sleep level 1: requests in flight
+        aborted, KV cache discarded, weights to host memory); ``RoseError`` naming why where
+        ``can_release_memory`` is False. A second call is a no-op."""
+        ...
+
+    async def restore_memory(self) -> None:
+        """Undo ``release_memory``: weights back, a fresh (empty) KV cache, scheduling resumed even if the
+        engine was paused before; ``RoseError`` where ``can_release_memory`` is False. A no-op unless released."""
+        ...
+
     def live_requests(self) -> list[LiveRequest]:
         """The requests in flight now, stamped on the engine's clock."""
         ...

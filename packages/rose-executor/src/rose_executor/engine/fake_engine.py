@@ -13,8 +13,11 @@ prompt, the position and how many weight versions were committed. Weight version
 (rose-transfer's ``WeightFetcher``) into ``weights`` (``ResidentWeights``): patches, checksums and
 rollback are the real ones, only the model is missing.
 
-What it records for tests: ``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights`` in order),
-``started`` (request ids in the order ``generate`` was called), ``aborted`` and ``listeners``.
+``release_memory`` / ``restore_memory`` act like vLLM's sleep level 1 and wake-up when the twin is built with
+``can_release_memory=True`` (its launcher does so for a spec with sleep mode) and refuse otherwise.
+
+What it records for tests: ``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights``,
+``release_memory``, ``restore_memory`` in order), ``started`` (request ids in the order ``generate`` was called), ``aborted`` and ``listeners``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class FakeEngine:
         *,
         max_batched_tokens: int = 2048,
         vocab_size: int = 256,
+        can_release_memory: bool = False,
     ) -> None:
         self.model = model
         self.clock = clock
@@ -87,6 +91,9 @@ class FakeEngine:
         self.max_batched_tokens = max_batched_tokens
         self.vocab_size = vocab_size
         self.errored = False
+        self.can_release_memory = can_release_memory
+        """Like a CUDA engine started with sleep mode (True) or a CPU one (False)."""
+        self.memory_released = False
         self.calls: list[str] = []
         self.started: list[str] = []
         self.aborted: list[str] = []
@@ -148,6 +155,34 @@ class FakeEngine:
 
     async def is_paused(self) -> bool:
         return self._paused
+
+    async def release_memory(self) -> None:
+        """Like vLLM's sleep level 1: aborts what runs, drops the prefix cache, stops scheduling."""
+        self._require_release("release")
+        self.calls.append("release_memory")
+        if self.memory_released:
+            return
+        self.memory_released = True
+        self._paused = True
+        await self.abort(list(self._requests))
+        self._cache.clear()
+
+    async def restore_memory(self) -> None:
+        """Like vLLM's wake-up: scheduling resumes (paused before or not)."""
+        self._require_release("restore")
+        self.calls.append("restore_memory")
+        if not self.memory_released:
+            return
+        self.memory_released = False
+        self._paused = False
+        self._schedule_step()
+
+    def _require_release(self, what: str) -> None:
+        if not self.can_release_memory:
+            raise RoseError(
+                f"cannot {what} the memory of this fake {self.spec.purpose} engine: built with "
+                "can_release_memory=False (like a vLLM engine on CPU or without sleep mode)"
+            )
 
     def live_requests(self) -> list[LiveRequest]:
         return [
@@ -333,7 +368,7 @@ class FakeEngineLauncher:
 
     async def start(self, spec: EngineSpec) -> FakeEngine:
         spec.require_model()
-        engine = FakeEngine(self.models[spec.purpose], self.clock, spec)
+        engine = FakeEngine(self.models[spec.purpose], self.clock, spec, can_release_memory=spec.enable_sleep_mode)
         self.engines.append(engine)
         return engine
 

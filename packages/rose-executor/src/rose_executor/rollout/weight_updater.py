@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rose_core.errors import RoseError
@@ -38,6 +39,10 @@ class UpdateTimes:
     commit: WeightCommit | None = None
 
 
+async def _awake() -> None:
+    """A dedicated host's engine never releases its memory: nothing to wake."""
+
+
 class WeightUpdater:
     """Serialises weight updates of one rollout engine; the newest announcement wins."""
 
@@ -60,6 +65,8 @@ class WeightUpdater:
         self.drain_timeout_s = drain_timeout_s
         self.relay = relay
         self.updating = False
+        self.awaken: Callable[[], Awaitable[None]] = _awake
+        """Before staging: give a released engine its memory back (``CoServing.awaken`` on a serving host)."""
         self._secret = secret
         self._send = send
         self._pending: WeightAnnounce | None = None
@@ -115,13 +122,14 @@ class WeightUpdater:
 
     async def _update(self, announce: WeightAnnounce, times: UpdateTimes) -> None:
         """Stage ``announce`` in the engine, let running turns finish, commit; notes the times."""
-        mark = time.perf_counter()
-        relay = announce.relay or self.relay
-        await self.engine.stage_weights(WeightOrder(announce, self._secret, self.executor_id, relay))
-        times.stage_call_s = time.perf_counter() - mark
-        self.updating = True
-        self.runner.refuse("weight_update")
+        self.updating = True  # from here on the guard keeps the engine's memory (``CoServing.keep_memory``)
         try:
+            await self.awaken()  # an inactive engine that released its memory gets it back first
+            mark = time.perf_counter()
+            relay = announce.relay or self.relay
+            await self.engine.stage_weights(WeightOrder(announce, self._secret, self.executor_id, relay))
+            times.stage_call_s = time.perf_counter() - mark
+            self.runner.refuse("weight_update")
             mark = time.perf_counter()
             times.aborted_turns = await self.runner.drain(self.drain_timeout_s, "weight_update")
             times.drain_s = time.perf_counter() - mark
