@@ -62,3 +62,19 @@ def test_guard_settings_are_validated(policy_dir: Path) -> None:
         ExecutorConfig(policy_model_dir=str(policy_dir), memory_high_watermark=0)
     with pytest.raises(ValueError, match="prefill_chunk_tokens"):
         ExecutorConfig(policy_model_dir=str(policy_dir), prefill_chunk_tokens=0)
+
+
+def test_memory_budget_on_a_gpu_is_the_engines_memory_fractions(
+    policy_dir: Path, serving_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rose_executor.engine.device import Device, DeviceDescription
+    from rose_executor.memory import serving_first_budget
+
+    h200 = 150_000_000_000
+    monkeypatch.setattr(serving_first_budget, "describe_device", lambda _d: DeviceDescription("cuda:0 (H200)", h200))
+    config = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir))
+    budget = memory_budget(config, Device("cuda", 0))
+    fractions = config.serving_memory_fraction + config.rollout_memory_fraction
+    assert budget.policy.config.device_bytes == int(h200 * fractions)
+    cpu = memory_budget(config)  # kv_cache_gib 0 on CPU: the engines' 1 GiB each
+    assert cpu.policy.config.device_bytes > 2 * 2**30

@@ -181,7 +181,7 @@ class ExecutorAgent:
             self._server.reserve()
             self._serving = await self._start_engine(cfg.serving_model_dir, "serving")
         rollout = await self._start_engine(cfg.policy_model_dir, "rollout")
-        memory = memory_budget(cfg) if self._serving is not None else None
+        memory = memory_budget(cfg, self.device) if self._serving is not None else None
         send = self._send
         self._runner = RolloutRunner(
             rollout,

@@ -2,7 +2,7 @@
 
 Always on for a serving host. The device share is ``device_memory_bytes`` when set, else derived
 (``host_share``): on CPU what this host gave the two engines, both models' weights plus both KV caches
-(``kv_cache_gib`` each).
+(``kv_cache_gib`` each, 1 GiB when 0); on GPU the two engines' memory fractions of the devices they use.
 
 On CPU vLLM can neither resize nor sleep its KV cache, so the budget is enforced by admission: a rollout
 sequence counts ``(prompt + max_tokens) x kv_bytes_per_token`` of the policy model from the moment it is
@@ -21,6 +21,8 @@ from pathlib import Path
 from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_executor import metrics
 from rose_executor.config import ExecutorConfig
+from rose_executor.engine.device import Device, describe_device
+from rose_executor.engine.engine_settings import CPU_KV_CACHE_GIB
 from rose_executor.engine.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
 
 log = logging.getLogger(__name__)
@@ -85,15 +87,16 @@ class ServingFirstBudget:
         return True
 
 
-def memory_budget(config: ExecutorConfig) -> ServingFirstBudget:
-    """The serving-first budget of this serving host (``device_memory_bytes``, or the derived host share)."""
+def memory_budget(config: ExecutorConfig, device: Device | None = None) -> ServingFirstBudget:
+    """The serving-first budget of this serving host (``device_memory_bytes``, or the derived share of
+    ``device``, the CPU when None)."""
     serving = footprint(config.serving_model_dir, config.dtype)
     rollout = footprint(config.policy_model_dir, config.dtype)
-    device = config.device_memory_bytes or host_share(config, serving, rollout)
+    share = config.device_memory_bytes or host_share(config, serving, rollout, device or Device("cpu"))
     log.info("serving-first memory: %.1f MB for serving + rollout (%s); budget enforced by admission",
-             device / 1e6, "device_memory_bytes" if config.device_memory_bytes else "derived: weights + both KV caches")
+             share / 1e6, "device_memory_bytes" if config.device_memory_bytes else "derived from the engines' shares")
     policy = MemoryPolicyConfig(
-        device_bytes=device,
+        device_bytes=share,
         rollout_weight_bytes=rollout.weight_bytes,
         headroom_fraction=config.memory_headroom_fraction,
         high_watermark=config.memory_high_watermark,
@@ -101,9 +104,14 @@ def memory_budget(config: ExecutorConfig) -> ServingFirstBudget:
     return ServingFirstBudget(policy, serving, rollout)
 
 
-def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFootprint) -> int:
-    """What this host gave the two engines: both models' weights and both KV caches."""
-    return serving.weight_bytes + rollout.weight_bytes + 2 * int(config.kv_cache_gib * 2**30)
+def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFootprint, device: Device) -> int:
+    """What this host gave the two engines: on GPU their memory fractions of the devices they use; on CPU both
+    models' weights and both KV caches."""
+    if device.on_gpu:
+        fractions = config.serving_memory_fraction + config.rollout_memory_fraction
+        return int(describe_device(device).memory_bytes * fractions)
+    kv_gib = config.kv_cache_gib or CPU_KV_CACHE_GIB
+    return serving.weight_bytes + rollout.weight_bytes + 2 * int(kv_gib * 2**30)
 
 
 def footprint(model_dir: str, dtype: str) -> ModelFootprint:
