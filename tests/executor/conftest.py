@@ -16,6 +16,12 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 SECRET = b"executor-tests-secret-0123456789"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _lease_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The executors' lending leases in a directory of this test session (not the host's)."""
+    os.environ["ROSE_LEASE_DIR"] = str(tmp_path_factory.mktemp("leases"))
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> ModelPaths:
     return ensure_models(tmp_path_factory.mktemp("models"))

@@ -21,8 +21,10 @@ import pytest_asyncio
 import torch
 
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
+from rose_core.errors import RoseError
 from rose_core.messages import (
     CancelTurn,
+    ErrorReport,
     Goodbye,
     Heartbeat,
     Hello,
@@ -236,6 +238,31 @@ async def test_sigusr1_revokes_the_host_its_turns_come_back_and_serving_goes_on(
     assert len((await executor.serve([3, 4, 5], 4)).token_ids) == 4
     later = await peer.arrival(Heartbeat, timeout=5)
     assert later.load.revoked and later.load.rollout_aborted_total >= 2 and later.load.rollout_budget_bytes > 0
+
+
+async def test_a_serving_host_lent_to_one_job_refuses_a_second_and_names_the_holder(
+    executor: TwinExecutor, config_path: Path
+) -> None:
+    """Another RL job's executor for the same serving endpoint: its controller hears who holds the host
+    (``already_lent``), and it stops with the same line; the first executor keeps serving its job."""
+    server = InProcessServer(SECRET)
+    second_job = ControllerPeer(SECRET, server)
+    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-2", secret=SECRET)
+    agent = ExecutorAgent(load_executor_config(config_path), options, FakeEngineLauncher(MODELS),
+                          connect=InProcessClient)
+    task = asyncio.create_task(agent.run())
+    try:
+        await second_job.arrival(Hello, timeout=10)
+        second_job.send(Welcome(controller_id="job-b", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        refusal = await second_job.arrival(ErrorReport, timeout=30)
+        assert refusal.code == "already_lent"
+        assert "lent to the RL job of controller test-controller" in refusal.message
+        assert "rose-executor ex-1" in refusal.message and "rose-executor revoke ex-1" in refusal.message
+        with pytest.raises(RoseError, match="lent to the RL job of controller test-controller"):
+            await asyncio.wait_for(task, 30)
+    finally:
+        server.close()
+    assert (await executor.controller.arrival(Heartbeat, timeout=5)).load.state == "ready"
 
 
 async def test_failed_fetch_keeps_the_version(executor: TwinExecutor) -> None:

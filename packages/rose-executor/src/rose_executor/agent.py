@@ -4,6 +4,10 @@ Flow: Hello -> Welcome, start the engines (and, on a serving host, the OpenAI en
 heartbeat with a ``LoadReport`` while handling turns, cancellations, weight announcements and steps, until
 ``Shutdown`` or SIGINT/SIGTERM: give in-flight turns back, say Goodbye, stop the engines.
 
+One RL job per serving host: a serving executor holds the lending lease of its endpoint
+(``lending_lease``); one started for the same endpoint by another job tells its controller who holds it
+(``ErrorReport`` ``already_lent``) and stops.
+
 Revocation (serving role): SIGUSR1 (``rose-executor revoke``), or serving without SLO headroom for
 ``revoke_after_pressure_s``, takes the host back from the RL job: a heartbeat saying ``revoked`` goes out at
 once (the controller re-routes this host's turns and borrows no more of it), then every in-flight turn is
@@ -54,6 +58,7 @@ from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import Purpose
 from rose_executor.engine.latency_profile import load_or_profile
 from rose_executor.engine.model_info import describe_model
+from rose_executor.lending_lease import AlreadyLent, Holder, LendingLease
 from rose_executor.memory.serving_first_budget import memory_budget
 from rose_executor.rollout.rollout_runner import RolloutRunner
 from rose_executor.rollout.weight_updater import WeightUpdater
@@ -106,6 +111,8 @@ class ExecutorAgent:
         self._runner: RolloutRunner | None = None
         self._updater: WeightUpdater | None = None
         self._revoking: asyncio.Task[int] | None = None
+        self._controller_id = ""
+        self._lease: LendingLease | None = None
         self._heartbeat_seq = 0
 
     @property
@@ -128,6 +135,7 @@ class ExecutorAgent:
             welcome = await self._handshake(self._link)
             self._welcomed = True
             self._heartbeat_s = welcome.heartbeat_interval_s
+            self._controller_id = welcome.controller_id
             await self._start_engines()
             if not self._stop.is_set():
                 self._link.send(self._register_message())
@@ -178,7 +186,11 @@ class ExecutorAgent:
         cfg = self.config
         if self.options.role == "serving":
             self._server = OpenAIServer(cfg.serving_host, cfg.serving_port)
+            if cfg.serving_port:
+                self._take_lease(f"{cfg.serving_host}:{cfg.serving_port}")  # before the bind: name the holder
             self._server.reserve()
+            if not cfg.serving_port:
+                self._take_lease(f"{cfg.serving_host}:{self._server.port}")
             self._serving = await self._start_engine(cfg.serving_model_dir, "serving")
         rollout = await self._start_engine(cfg.policy_model_dir, "rollout")
         memory = memory_budget(cfg, self.device) if self._serving is not None else None
@@ -209,6 +221,16 @@ class ExecutorAgent:
             updater, co_serving = self._updater, self._co_serving
             updater.awaken = co_serving.awaken
             co_serving.keep_memory = lambda: updater.updating
+
+    def _take_lease(self, endpoint: str) -> None:
+        """One RL job per serving host: hold its lending lease, or tell the controller who holds it and stop."""
+        lease = LendingLease(endpoint)
+        try:
+            lease.acquire(Holder(self.executor_id, self.options.controller, self._controller_id))
+        except AlreadyLent as exc:
+            self._send(ErrorReport(code="already_lent", message=str(exc)[:500]))
+            raise
+        self._lease = lease
 
     async def _start_guard(self, serving: Engine, rollout: Engine, runner: RolloutRunner) -> None:
         """Profile both engines (or load the cached profiles), then let the monitor see serving traffic."""
@@ -391,6 +413,8 @@ class ExecutorAgent:
             self._link.send(Goodbye(peer_id=self.executor_id, reason=reason))
         if self._server is not None:
             await self._server.stop()
+        if self._lease is not None:
+            self._lease.release()
         started = time.perf_counter()
         await asyncio.gather(*(asyncio.to_thread(engine.shutdown) for engine in self._engines))
         if self._engines:
