@@ -20,8 +20,8 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.errors import RoseError
+from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.messages import (
     CancelTurn,
     ErrorReport,
