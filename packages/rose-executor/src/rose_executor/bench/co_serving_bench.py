@@ -64,6 +64,7 @@ SLO_MULTIPLE = 1.5
 on this machine (at 3x it does not), loose enough that serving alone meets it."""
 GUARD_TICK_S = 0.01
 WARM_UP_TIMEOUT_S = 120.0
+STATS_LAG_S = 5.0
 ACTIVATION_TRIALS = 10
 ACTIVATION_PROMPT = 64
 
@@ -232,11 +233,12 @@ async def measure(rig: Rig, mode: str, rps: float, seconds: float, guard: CoServ
     stats.finished.clear()
     stats.itls.clear()
     before, started = rig.counters(), time.monotonic()
-    await serving_traffic(rig.serving, rps, seconds, seed=int(rps * 1000))
+    sent = await serving_traffic(rig.serving, rps, seconds, seed=int(rps * 1000))
     elapsed = time.monotonic() - started
     serving_share, rollout_share, tokens_per_s = (
         (b - a) / elapsed for a, b in zip(before, rig.counters(), strict=True)
     )
+    await _stats_logged(stats, sent)
     if guard_task is not None:
         if guard_task.done():
             guard_task.result()  # the guard died: raise its error rather than report an unguarded window
@@ -247,6 +249,16 @@ async def measure(rig: Rig, mode: str, rps: float, seconds: float, guard: CoServ
         await load.stop()
     ttfts = [t for t, _ in stats.finished]
     return Window(p99(ttfts), p99(stats.itls), tokens_per_s, stats.finished, stats.itls, serving_share, rollout_share)
+
+
+async def _stats_logged(stats: StatsCollector, sent: int) -> None:
+    """Wait (at most ``STATS_LAG_S``) until vLLM's stat logger has reported every request of the window: it logs
+    an iteration after handing out its outputs, so the last burst's figures can trail its results."""
+    deadline = time.monotonic() + STATS_LAG_S
+    while len(stats.finished) < sent and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    if len(stats.finished) < sent:
+        log.warning("the stat logger reported %d of %d serving requests", len(stats.finished), sent)
 
 
 async def rollout_alone(rig: Rig, seconds: float) -> tuple[float, float]:
