@@ -1,11 +1,20 @@
-"""``rose-executor bench``'s aggregation over repeats (pure): medians in the issue's JSON shape, min / max
-under ``spread``, attainment pooled over every request."""
+"""``rose-executor bench``'s pure parts: aggregation over repeats (medians in the issue's JSON shape, min / max
+under ``spread``, attainment pooled over every request), the harvest ratio and the rollout token count."""
 
 from __future__ import annotations
 
 import pytest
 
-from rose_executor.bench.co_serving_bench import CONFIGS, LEVELS, Window, slo_from_alone, summarize
+from rose_executor.bench.co_serving_bench import (
+    CONFIGS,
+    HARVEST_KEYS,
+    LEVELS,
+    TokenCounter,
+    Window,
+    harvest_ratio,
+    slo_from_alone,
+    summarize,
+)
 
 
 def run(attainment: float, tokens: float, harvest: float, requests: float = 100.0) -> dict[str, object]:
@@ -17,25 +26,58 @@ def run(attainment: float, tokens: float, harvest: float, requests: float = 100.
         "requests": requests,
         "ttft_violations": 0.0,
         "tpot_violations": 0.0,
+        "serving_device_share": 0.1,
+        "rollout_device_share": 0.8,
     }
-    level = {config: dict(row) for config in CONFIGS} | {"harvest_ratio": harvest}
-    return {"levels": {name: level for name in LEVELS}, "rollout_alone_tokens_per_s": tokens * 2}
+    level = {config: dict(row) for config in CONFIGS} | {
+        "harvest_ratio": harvest,
+        "harvest_ratio_unguarded": harvest + 0.1,
+    }
+    return {
+        "levels": {name: level for name in LEVELS},
+        "rollout_alone_tokens_per_s": tokens * 2,
+        "rollout_alone_device_share": 0.9,
+    }
 
 
 def test_medians_spread_and_pooled_attainment() -> None:
     result = summarize([run(1.0, 100.0, 0.9), run(0.9, 300.0, 0.5, requests=300.0), run(0.99, 200.0, 0.7)])
     high = result["levels"]["high"]
-    assert set(high) == {*CONFIGS, "harvest_ratio"}
+    assert set(high) == {*CONFIGS, *HARVEST_KEYS}
     assert high["guarded"]["slo_attainment"] == pytest.approx(0.99)
     assert high["guarded"]["rollout_tokens_per_s"] == pytest.approx(200.0)
+    assert high["guarded"]["serving_device_share"] == pytest.approx(0.1)
     assert high["harvest_ratio"] == pytest.approx(0.7)
+    assert high["harvest_ratio_unguarded"] == pytest.approx(0.8)
     assert result["spread"]["high"]["guarded"]["slo_attainment"] == [0.9, 1.0]
     assert result["spread"]["high"]["harvest_ratio"] == [0.5, 0.9]
     assert result["pooled_slo_attainment"]["high"]["guarded"] == pytest.approx((100 + 270 + 99) / 500)
     assert result["rollout_alone_tokens_per_s"] == pytest.approx(400.0)
+    assert result["rollout_alone_device_share"] == pytest.approx(0.9)
 
 
 def test_slo_is_a_multiple_of_the_median_level_p99_so_one_noisy_level_does_not_set_it() -> None:
     windows = [Window(0.010, 0.004, 0.0, [], []), Window(0.120, 0.005, 0.0, [], []), Window(0.012, 0.006, 0.0, [], [])]
     ttft, tpot = slo_from_alone(windows, 1.5)
     assert ttft == pytest.approx(0.018) and tpot == pytest.approx(0.0075)
+
+
+def window(serving_share: float, rollout_share: float) -> Window:
+    return Window(0.01, 0.005, 1000.0, [], [], serving_share, rollout_share)
+
+
+def test_harvest_is_the_share_of_the_device_time_serving_left_that_the_rollout_used() -> None:
+    assert harvest_ratio(window(0.2, 0.4)) == pytest.approx(0.5)
+    assert harvest_ratio(window(0.2, 0.8)) == pytest.approx(1.0)
+    assert harvest_ratio(window(0.0, 0.0)) == 0.0
+
+
+def test_harvest_is_zero_when_serving_left_nothing() -> None:
+    assert harvest_ratio(window(1.0, 0.0)) == 0.0
+
+
+def test_the_token_counter_counts_every_generated_token_of_an_iteration() -> None:
+    counter = TokenCounter()
+    counter.on_iteration([0.01, 0.02], [0.001, 0.001, 0.002], [])
+    counter.on_iteration([], [0.001], [(0.01, 0.001)])
+    assert counter.tokens == 6

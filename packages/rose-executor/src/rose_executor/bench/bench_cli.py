@@ -55,7 +55,12 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
     help="Where the tiny models are generated (once).",
 )
 def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, models_dir: str) -> None:
-    """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load."""
+    """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load.
+
+    The rollout engine (chunked prefill, 512-token chunks) runs 16 turns of 512-895-token prompts and 128
+    output tokens. harvest_ratio = the rollout's share of the device time serving left in the same window
+    (worker CPU time; both engines compute on the same cores, so 1.0 is the ceiling), for the guarded and
+    the unguarded rollout."""
     logging.basicConfig(level="WARNING", stream=sys.stderr)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from rose_executor.bench.co_serving_bench import run_bench
@@ -68,14 +73,24 @@ def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, mode
         f"SLO ({result['slo_multiple']}x serving-alone p99): TTFT {result['slo_ttft_ms']:.1f} ms, "
         f"TPOT {result['slo_tpot_ms']:.1f} ms; medians of {result['repeats']} repeats [min-max]"
     )
-    click.echo(f"{'level':8} {'config':10} {'TTFT p99':>10} {'TPOT p99':>10} {'SLO att':>19} {'rollout tok/s':>14}")
+    click.echo(
+        f"{'level':8} {'config':10} {'TTFT p99':>10} {'TPOT p99':>10} {'SLO att':>19} {'rollout tok/s':>14} "
+        f"{'device share serving/rollout':>29}"
+    )
     for level, rows in result["levels"].items():
         for config in ("alone", "unguarded", "guarded"):
             r, lo_hi = rows[config], result["spread"][level][config]["slo_attainment"]
             click.echo(
                 f"{level:8} {config:10} {r['serving_ttft_p99_ms']:8.1f}ms {r['serving_tpot_p99_ms']:8.1f}ms "
-                f"{r['slo_attainment']:6.3f} [{lo_hi[0]:.3f}-{lo_hi[1]:.3f}] {r['rollout_tokens_per_s']:14.0f}"
+                f"{r['slo_attainment']:6.3f} [{lo_hi[0]:.3f}-{lo_hi[1]:.3f}] {r['rollout_tokens_per_s']:14.0f} "
+                f"{r['serving_device_share']:19.2f} / {r['rollout_device_share']:.2f}"
             )
-        click.echo(f"{level:8} harvest_ratio {rows['harvest_ratio']:.2f}")
+        click.echo(
+            f"{level:8} harvest_ratio guarded {rows['harvest_ratio']:.2f}, unguarded {rows['harvest_ratio_unguarded']:.2f}"
+        )
+    click.echo(
+        f"rollout alone {result['rollout_alone_tokens_per_s']:.0f} tok/s, "
+        f"device share {result['rollout_alone_device_share']:.2f}"
+    )
     act = result["activation"]["activation_ms"]
     click.echo(f"activation (inactive -> first rollout token): median {act['median']:.1f} ms, max {act['max']:.1f} ms")

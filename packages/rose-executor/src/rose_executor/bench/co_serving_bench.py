@@ -2,10 +2,14 @@
 
 Both engines run in this process (their cores in child processes) with the tiny models of the embedded
 default. Serving latency comes from vLLM's stat logger (per finished request: TTFT and mean TPOT; per token:
-inter-token latency). The rollout side is the real ``RolloutRunner``: saturated with long turns, started at
-once (unguarded) or by the real ``CoServing`` control loop (guarded: dual-slack admission with the serving
-model the executor uses, the slower of the alone and co-located profiles; ticks every 10 ms and at once on a
-serving arrival or finish; the p99 feedback rule is off so the figures show the per-tick policy alone).
+inter-token latency). The rollout side is the real ``RolloutRunner``: ``ROLLOUT_CONCURRENCY`` (16) turns of
+512-895-token prompts and 128 output tokens kept in flight, prefilled in 512-token chunks (the executor's
+``prefill_chunk_tokens``), started at once (unguarded) or by the real ``CoServing`` control loop (guarded:
+dual-slack admission with the serving model the executor uses, the slower of the alone and co-located
+profiles; ticks every 10 ms and at once on a serving arrival or finish; the p99 feedback rule is off so the
+figures show the per-tick policy alone). Each co-located window starts once the rollout load is in its steady
+state (``ROLLOUT_CONCURRENCY`` turns finished); rollout throughput is every token generated in the window
+(the rollout engine's stat logger), and each engine's device time is its workers' CPU time (``worker_cpu``).
 
 Load levels are fractions of the profiled serving capacity one request at a time (prefill of the 32-token
 prompt + 32 decode steps at batch 1, from the alone profile): low 0.2, medium 0.5, high 0.8. vLLM batches, so
@@ -13,6 +17,11 @@ serving alone is far from saturated at every level (its attainment is the feasib
 sequence runs ``repeats`` times on the same engines; every metric is reported as the median over repeats,
 with its min / max under ``spread``. SLO budgets are fixed once: ``slo_multiple`` x the serving-alone p99 of
 the first repeat (median over the three levels).
+
+``harvest_ratio`` = the rollout engine's device share / (1 - serving's device share), both measured in the same
+co-located window: the share of the device time serving left that the rollout used. Both engines' workers are
+pinned to the same cores, so the two shares sum to at most 1 and 1.0 is the ceiling; tokens/s are reported
+beside it (the rollout turns device time into tokens at about its alone rate).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import numpy as np
 
 from rose_core.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets
+from rose_executor.bench.worker_cpu import WorkerCpu, descendants
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput
@@ -41,13 +51,22 @@ log = logging.getLogger(__name__)
 
 LEVELS = {"low": 0.2, "medium": 0.5, "high": 0.8}
 CONFIGS = ("alone", "unguarded", "guarded")
+HARVEST_KEYS = ("harvest_ratio", "harvest_ratio_unguarded")
 SERVING_PROMPT, SERVING_TOKENS = 32, 32
-ROLLOUT_PROMPT, ROLLOUT_TOKENS, ROLLOUT_CONCURRENCY = 64, 128, 8
+ROLLOUT_PROMPT = (512, 896)
+"""Rollout prompt lengths, uniform in [lo, hi): agentic turns carry their trajectory's context, so rollout work
+is prefill-heavy (one or two 512-token chunks per turn) and lengths differ, so turns do not finish in lockstep."""
+ROLLOUT_TOKENS, ROLLOUT_CONCURRENCY = 128, 16
+PREFILL_CHUNK_TOKENS = 512
+"""The rollout engine's prefill chunk: the executor's default ``prefill_chunk_tokens`` (the guard's admission unit)."""
 SLO_MULTIPLE = 1.5
 """Default SLO = 1.5 x the serving-alone p99 (median over levels): tight enough that co-location without the guard breaks it
 on this machine (at 3x it does not), loose enough that serving alone meets it."""
 GUARD_TICK_S = 0.01
+WARM_UP_TIMEOUT_S = 120.0
+STATS_LAG_S = 5.0
 ACTIVATION_TRIALS = 10
+ACTIVATION_PROMPT = 64
 
 
 @dataclass(slots=True)
@@ -67,11 +86,28 @@ class StatsCollector:
         return None
 
 
+@dataclass(slots=True)
+class TokenCounter:
+    """The rollout engine's stat-logger observer: tokens generated, finished turns or not (one per first token,
+    one per inter-token gap), so a window's throughput does not depend on which turns happen to end in it."""
+
+    tokens: int = 0
+
+    def on_iteration(
+        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
+    ) -> None:
+        self.tokens += len(ttfts) + len(tpots)
+
+    def on_scheduler(self, kv_usage_ratio: float) -> None:
+        return None
+
+
 class RolloutLoad:
     """Keeps ``ROLLOUT_CONCURRENCY`` long rollout turns submitted through a real ``RolloutRunner``."""
 
     def __init__(self, engine: Engine, guarded: bool) -> None:
-        self.tokens = 0
+        self._finished = 0
+        self._warm = asyncio.Event()
         self._n = 0
         self._stopped = False
         self.runner = RolloutRunner(engine, "bench", ROLLOUT_CONCURRENCY, self._on_reply, guarded=guarded)
@@ -80,14 +116,22 @@ class RolloutLoad:
         for _ in range(ROLLOUT_CONCURRENCY):
             self._submit()
 
+    async def warm_up(self) -> None:
+        """Wait until ``ROLLOUT_CONCURRENCY`` turns have finished: the engine is in its steady state, not in the
+        first prefill of every turn at once."""
+        await asyncio.wait_for(self._warm.wait(), WARM_UP_TIMEOUT_S)
+
     def _submit(self) -> None:
         self._n += 1
-        prompt = (np.arange(ROLLOUT_PROMPT, dtype=np.int32) * 7 + self._n) % 150 + 3
+        rng = np.random.default_rng(self._n)
+        prompt = rng.integers(3, 153, int(rng.integers(*ROLLOUT_PROMPT)), dtype=np.int32)
         self.runner.submit(_turn(f"r{self._n}", prompt, ROLLOUT_TOKENS))
 
     def _on_reply(self, msg: ToController) -> None:
         if isinstance(msg, TurnResult):
-            self.tokens += len(msg.output_token_ids)
+            self._finished += 1
+            if self._finished >= ROLLOUT_CONCURRENCY:
+                self._warm.set()
         if isinstance(msg, (TurnResult, TurnAborted)) and not self._stopped:
             asyncio.get_running_loop().call_soon(self._submit)
 
@@ -125,6 +169,10 @@ class Window:
     """(TTFT, mean TPOT) of every finished serving request."""
     itls: list[float]
     """Every inter-token latency."""
+    serving_device_share: float = 0.0
+    """Serving workers' CPU seconds / window seconds: the share of the device serving used."""
+    rollout_device_share: float = 0.0
+    """The same for the rollout engine's workers."""
 
     def row(self, slo_ttft: float, slo_tpot: float) -> dict[str, float]:
         return {
@@ -135,6 +183,8 @@ class Window:
             "requests": float(len(self.finished)),
             "ttft_violations": float(sum(1 for t, _ in self.finished if t > slo_ttft)),
             "tpot_violations": float(sum(1 for _, m in self.finished if m > slo_tpot)),
+            "serving_device_share": self.serving_device_share,
+            "rollout_device_share": self.rollout_device_share,
         }
 
 
@@ -153,42 +203,83 @@ def p99(values: Sequence[float]) -> float:
     return float(np.percentile(np.asarray(values), 99)) if values else 0.0
 
 
-async def measure(
-    serving: Engine, rollout: Engine, mode: str, rps: float, seconds: float, guard: CoServingGuard | None
-) -> Window:
+@dataclass(frozen=True, slots=True)
+class Rig:
+    """The two engines and the device time of each (their workers' CPU seconds)."""
+
+    serving: Engine
+    rollout: Engine
+    serving_cpu: WorkerCpu
+    rollout_cpu: WorkerCpu
+    rollout_tokens: TokenCounter
+
+    def counters(self) -> tuple[float, float, float]:
+        """Serving and rollout device core-seconds per device core, rollout tokens generated (cumulative)."""
+        cores = len(self.serving_cpu.cores() | self.rollout_cpu.cores())
+        return self.serving_cpu.seconds() / cores, self.rollout_cpu.seconds() / cores, float(self.rollout_tokens.tokens)
+
+
+async def measure(rig: Rig, mode: str, rps: float, seconds: float, guard: CoServingGuard | None) -> Window:
     stats = StatsCollector()
-    serving.attach_observer(stats)
-    load = RolloutLoad(rollout, guarded=mode == "guarded") if mode != "alone" else None
+    rig.serving.attach_observer(stats)
+    load = RolloutLoad(rig.rollout, guarded=mode == "guarded") if mode != "alone" else None
     guard_task = None
     if load is not None and guard is not None and mode == "guarded":
-        co = CoServing(guard, serving, rollout, load.runner, GUARD_TICK_S)
+        co = CoServing(guard, rig.serving, rig.rollout, load.runner, GUARD_TICK_S)
         guard_task = asyncio.create_task(co.run())
     if load is not None:
         load.start()
-    started = time.monotonic()
-    await serving_traffic(serving, rps, seconds, seed=int(rps * 1000))
+        await load.warm_up()
+    stats.finished.clear()
+    stats.itls.clear()
+    before, started = rig.counters(), time.monotonic()
+    sent = await serving_traffic(rig.serving, rps, seconds, seed=int(rps * 1000))
     elapsed = time.monotonic() - started
+    serving_share, rollout_share, tokens_per_s = (
+        (b - a) / elapsed for a, b in zip(before, rig.counters(), strict=True)
+    )
+    await _stats_logged(stats, sent)
     if guard_task is not None:
         if guard_task.done():
             guard_task.result()  # the guard died: raise its error rather than report an unguarded window
         guard_task.cancel()
         await asyncio.gather(guard_task, return_exceptions=True)
-        await rollout.resume()
+        await rig.rollout.resume()
     if load is not None:
         await load.stop()
-    tokens = load.tokens if load is not None else 0
     ttfts = [t for t, _ in stats.finished]
-    return Window(p99(ttfts), p99(stats.itls), tokens / elapsed, stats.finished, stats.itls)
+    return Window(p99(ttfts), p99(stats.itls), tokens_per_s, stats.finished, stats.itls, serving_share, rollout_share)
 
 
-async def rollout_alone_tokens_per_s(rollout: Engine, seconds: float) -> float:
-    load = RolloutLoad(rollout, guarded=False)
+async def _stats_logged(stats: StatsCollector, sent: int) -> None:
+    """Wait (at most ``STATS_LAG_S``) until vLLM's stat logger has reported every request of the window: it logs
+    an iteration after handing out its outputs, so the last burst's figures can trail its results."""
+    deadline = time.monotonic() + STATS_LAG_S
+    while len(stats.finished) < sent and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    if len(stats.finished) < sent:
+        log.warning("the stat logger reported %d of %d serving requests", len(stats.finished), sent)
+
+
+async def rollout_alone(rig: Rig, seconds: float) -> tuple[float, float]:
+    """Rollout tokens/s with the device to itself, and its workers' share of the device meanwhile."""
+    load = RolloutLoad(rig.rollout, guarded=False)
     load.start()
-    started = time.monotonic()
+    await load.warm_up()
+    before, started = rig.counters(), time.monotonic()
     await asyncio.sleep(seconds)
-    rate = load.tokens / (time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    _, share, rate = ((b - a) / elapsed for a, b in zip(before, rig.counters(), strict=True))
     await load.stop()
-    return rate
+    return rate, share
+
+
+def harvest_ratio(window: Window) -> float:
+    """The share of the device time serving left in this window that the rollout engine used:
+    rollout device share / (1 - serving device share). Both engines' workers compute on the same cores, so the
+    two shares sum to at most 1 and the ratio cannot exceed 1."""
+    leftover = 1.0 - window.serving_device_share
+    return window.rollout_device_share / leftover if leftover > 0.0 else 0.0
 
 
 def capacity_rps(profile: EngineProfile) -> float:
@@ -210,34 +301,47 @@ async def run_bench(
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     models = ensure_models(models_dir)
+    before = descendants()
     serving = await VllmEngine.create(
         models.serving, purpose="serving", kv_cache_gib=0.5, max_num_seqs=32, max_model_len=1024
     )
-    rollout = await VllmEngine.create(
-        models.policy, purpose="rollout", kv_cache_gib=0.5, max_num_seqs=ROLLOUT_CONCURRENCY, max_model_len=1024
-    )
     try:
-        return await _bench(serving, rollout, seconds, slo_multiple, repeats)
+        serving_cpu, before, counter = WorkerCpu.spawned_since(before), descendants(), TokenCounter()
+        rollout = await VllmEngine.create(
+            models.policy,
+            purpose="rollout",
+            kv_cache_gib=0.5,
+            max_num_seqs=ROLLOUT_CONCURRENCY,
+            max_model_len=1024,
+            prefill_chunk_tokens=PREFILL_CHUNK_TOKENS,
+            observer=counter,
+        )
+        try:
+            rig = Rig(serving, rollout, serving_cpu, WorkerCpu.spawned_since(before), counter)
+            return await _bench(rig, seconds, slo_multiple, repeats)
+        finally:
+            rollout.shutdown()
     finally:
         serving.shutdown()
-        rollout.shutdown()
 
 
-async def _bench(serving: Engine, rollout: Engine, seconds: float, slo_multiple: float, repeats: int) -> dict[str, Any]:
-    alone_profile, rollout_profile = await load_or_profile(serving), await load_or_profile(rollout)
-    colocated = await load_or_profile_colocated(serving, rollout)
+async def _bench(rig: Rig, seconds: float, slo_multiple: float, repeats: int) -> dict[str, Any]:
+    alone_profile, rollout_profile = await load_or_profile(rig.serving), await load_or_profile(rig.rollout)
+    colocated = await load_or_profile_colocated(rig.serving, rig.rollout)
     cap = capacity_rps(alone_profile)
     runs: list[dict[str, Any]] = []
-    alone = await _alone_windows(serving, rollout, seconds, cap)
+    alone = await _alone_windows(rig, seconds, cap)
     slo = slo_from_alone(alone.values(), slo_multiple)
     rollout_model = rollout_profile.latency_model()
     serving_model = guard_serving_model(alone_profile, colocated)
-    settings = GuardSettings(SloBudgets(*slo), hold_margin=True, rollout_batch=ROLLOUT_CONCURRENCY)
+    settings = GuardSettings(
+        SloBudgets(*slo), PREFILL_CHUNK_TOKENS, hold_margin=True, rollout_batch=ROLLOUT_CONCURRENCY
+    )
     guard = CoServingGuard.build(settings, serving_model, rollout_model)
     for repeat in range(repeats):
         if repeat:
-            alone = await _alone_windows(serving, rollout, seconds, cap)
-        runs.append(await _one_repeat(serving, rollout, seconds, cap, slo, guard, alone, repeat))
+            alone = await _alone_windows(rig, seconds, cap)
+        runs.append(await _one_repeat(rig, seconds, cap, slo, guard, alone, repeat))
     result = summarize(runs)
     result.update(
         slo_ttft_ms=slo[0] * 1e3,
@@ -248,19 +352,30 @@ async def _bench(serving: Engine, rollout: Engine, seconds: float, slo_multiple:
         serving_capacity_rps=cap,
         guard_margin_ms=guard.admission.config.margin_s * 1e3,
         load_fractions=dict(LEVELS),
-        activation=await activation(serving, rollout, guard),
+        rollout_workload=workload(),
+        activation=await activation(rig.serving, rig.rollout, guard),
         runs=runs,
     )
     return result
 
 
-async def _alone_windows(serving: Engine, rollout: Engine, seconds: float, cap: float) -> dict[str, Window]:
-    return {name: await measure(serving, rollout, "alone", f * cap, seconds, None) for name, f in LEVELS.items()}
+def workload() -> dict[str, Any]:
+    return {
+        "concurrency": ROLLOUT_CONCURRENCY,
+        "prompt_tokens": list(ROLLOUT_PROMPT),
+        "output_tokens": ROLLOUT_TOKENS,
+        "prefill_chunk_tokens": PREFILL_CHUNK_TOKENS,
+        "serving_prompt_tokens": SERVING_PROMPT,
+        "serving_output_tokens": SERVING_TOKENS,
+    }
+
+
+async def _alone_windows(rig: Rig, seconds: float, cap: float) -> dict[str, Window]:
+    return {name: await measure(rig, "alone", f * cap, seconds, None) for name, f in LEVELS.items()}
 
 
 async def _one_repeat(
-    serving: Engine,
-    rollout: Engine,
+    rig: Rig,
     seconds: float,
     cap: float,
     slo: tuple[float, float],
@@ -268,18 +383,17 @@ async def _one_repeat(
     alone: dict[str, Window],
     repeat: int,
 ) -> dict[str, Any]:
-    rollout_alone = await rollout_alone_tokens_per_s(rollout, seconds)
+    alone_rate, alone_share = await rollout_alone(rig, seconds)
     levels: dict[str, Any] = {}
     for name, f in LEVELS.items():
         windows = {"alone": alone[name]}
         for mode in ("unguarded", "guarded"):
-            windows[mode] = await measure(serving, rollout, mode, f * cap, seconds, guard)
-        idle = max(0.0, 1.0 - f)
+            windows[mode] = await measure(rig, mode, f * cap, seconds, guard)
         levels[name] = {mode: w.row(*slo) for mode, w in windows.items()}
-        guarded = windows["guarded"].rollout_tokens_per_s
-        levels[name]["harvest_ratio"] = guarded / (rollout_alone * idle) if idle and rollout_alone else 0.0
+        levels[name]["harvest_ratio"] = harvest_ratio(windows["guarded"])
+        levels[name]["harvest_ratio_unguarded"] = harvest_ratio(windows["unguarded"])
         log.info("repeat %d %s: %s", repeat, name, levels[name])
-    return {"levels": levels, "rollout_alone_tokens_per_s": rollout_alone}
+    return {"levels": levels, "rollout_alone_tokens_per_s": alone_rate, "rollout_alone_device_share": alone_share}
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -299,13 +413,14 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             requests = sum(r[config]["requests"] for r in rows)
             ok = sum(r[config]["slo_attainment"] * r[config]["requests"] for r in rows)
             pooled[name][config] = ok / requests if requests else 1.0
-        harvest = [r["harvest_ratio"] for r in rows]
-        levels[name]["harvest_ratio"] = _median(harvest)
-        spread[name]["harvest_ratio"] = [min(harvest), max(harvest)]
-    alone_rates = [run["rollout_alone_tokens_per_s"] for run in runs]
+        for key in HARVEST_KEYS:
+            values = [r[key] for r in rows]
+            levels[name][key] = _median(values)
+            spread[name][key] = [min(values), max(values)]
     return {
         "levels": levels,
-        "rollout_alone_tokens_per_s": _median(alone_rates),
+        "rollout_alone_tokens_per_s": _median([run["rollout_alone_tokens_per_s"] for run in runs]),
+        "rollout_alone_device_share": _median([run["rollout_alone_device_share"] for run in runs]),
         "spread": spread,
         "pooled_slo_attainment": pooled,
     }
@@ -348,7 +463,7 @@ async def _turn_latencies(serving: Engine, rollout: Engine, guard: CoServingGuar
             if co is not None and not (co.paused and not co.active):
                 raise RuntimeError("the idle guard did not hold the rollout engine")
             pending.append(loop.create_future())
-            prompt = (np.arange(ROLLOUT_PROMPT, dtype=np.int32) * 11 + i) % 150 + 3
+            prompt = (np.arange(ACTIVATION_PROMPT, dtype=np.int32) * 11 + i) % 150 + 3
             started = time.monotonic()
             runner.submit(_turn(f"act-{guard is not None}-{i}", prompt, 1))
             answer = await asyncio.wait_for(pending[-1], 30.0)
