@@ -97,12 +97,15 @@ def test_a_burst_that_alone_fits_is_held_together() -> None:
 def test_hold_margin_is_the_rollout_step_a_pause_cannot_stop() -> None:
     assert hold_margin_s(ROLLOUT, 8) == pytest.approx(0.001 + 8 * 0.001)
     assert hold_margin_s(ROLLOUT, 0) == pytest.approx(0.002)
+    chunk = 256  # with chunked prefill the step in flight may carry a whole chunk beside the decodes
+    assert hold_margin_s(ROLLOUT, 8, chunk) == pytest.approx(ROLLOUT.step_s(8, chunk))
+    assert hold_margin_s(ROLLOUT, 8, chunk) > hold_margin_s(ROLLOUT, 8)
 
 
 def test_build_adds_the_hold_margin_to_the_admission_margin() -> None:
     settings = GuardSettings(SloBudgets(0.5, 0.05), chunk_tokens=256, margin_s=0.003, rollout_batch=8)
     built = CoServingGuard.build(settings, SERVING, ROLLOUT).admission.config
-    assert built == AdmissionConfig(0.5, 0.05, 256, 0.003 + hold_margin_s(ROLLOUT, 8))
+    assert built == AdmissionConfig(0.5, 0.05, 256, 0.003 + hold_margin_s(ROLLOUT, 8, 256))
     unheld = GuardSettings(SloBudgets(0.5, 0.05), margin_s=0.003, hold_margin=False)
     assert CoServingGuard.build(unheld, SERVING, ROLLOUT).admission.config.margin_s == pytest.approx(0.003)
 

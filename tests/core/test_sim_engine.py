@@ -151,7 +151,7 @@ def test_the_table_runs_the_executors_guard_and_a_hold_stops_the_whole_rollout(
     load = np.linspace(0.0, 8.0, 4001)
     table = CoServingTable(tiny(), load)
     config = table.guard.admission.config
-    hold = hold_margin_s(table.rollout.profile(), tiny().workload.concurrency_per_worker)
+    hold = hold_margin_s(table.rollout.profile(), tiny().workload.concurrency_per_worker, 512)
     assert (config.chunk_tokens, config.ttft_budget_s, config.tpot_budget_s) == (512, 0.5, 0.15)
     assert config.margin_s == pytest.approx(hold) and hold > 0
     busy = np.array([lv.busy for lv in table.levels])

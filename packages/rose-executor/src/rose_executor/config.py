@@ -84,8 +84,8 @@ class ExecutorConfig(ConfigSection):
     admission_margin_ms: float = 0.0
     """Every serving slack must stay above this after admitting rollout work (guards latency-model error)."""
     hold_margin: bool = True
-    """Add to that margin the rollout step a hold cannot stop: the profiled rollout decode step at
-    rollout_capacity (a hold lands between engine steps, so the step in flight still runs)."""
+    """Add to that margin the rollout step a hold cannot stop: the profiled rollout step of rollout_capacity
+    decodes plus one prefill chunk (a hold lands between engine steps, so the step in flight still runs)."""
     prefill_chunk_tokens: int = 512
     """Rollout prefill tokens admitted per engine step."""
     p99_feedback: bool = True

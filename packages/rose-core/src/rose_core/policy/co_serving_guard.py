@@ -64,10 +64,12 @@ class GuardSettings:
     """The rollout engine's most concurrent sequences (its decode batch at full load)."""
 
 
-def hold_margin_s(rollout: LatencyModel, max_num_seqs: int) -> float:
-    """What a hold cannot stop: the rollout engine's step in flight when the pause lands (a decode step of
-    its full batch, from the profile). Every admission keeps this much slack in reserve."""
-    return rollout.decode_step_s(max(1, max_num_seqs))
+def hold_margin_s(rollout: LatencyModel, max_num_seqs: int, chunk_tokens: int = 0) -> float:
+    """What a hold cannot stop: the rollout engine's step in flight when the pause lands, at its largest (from
+    the profile): a decode step of its full batch, plus, with chunked prefill (``chunk_tokens`` > 0), a prefill
+    chunk in the same step (a serving arrival mid-chunk waits for the whole chunk). Every admission keeps
+    this much slack in reserve."""
+    return rollout.step_s(max(1, max_num_seqs), max(0, chunk_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ class CoServingGuard:
         the serving engine's steps (the executor passes the slower of its alone / co-located profiles)."""
         margin_s = settings.margin_s
         if settings.hold_margin:
-            margin_s += hold_margin_s(rollout, settings.rollout_batch)
+            margin_s += hold_margin_s(rollout, settings.rollout_batch, settings.chunk_tokens)
         config = AdmissionConfig(settings.slo.ttft_s, settings.slo.tpot_s, settings.chunk_tokens, margin_s)
         return cls(DualSlackAdmission(config, serving, rollout))
 

@@ -8,8 +8,8 @@ moment when every decoding request has just emitted a token and a p99-long promp
 a rollout engine running ``concurrency`` sequences with one more turn queued may do: run (every running
 sequence decodes) or be held, and how many tokens of the queued turn's prefill (at most one 512-token chunk)
 it admits. The guard's settings are the executor's defaults: SLO budgets from the scenario, a 512-token chunk,
-``serving.admission_margin_ms`` (0 by default) plus the hold margin (the rollout decode step at
-``concurrency``: a hold cannot stop the step in flight). The GPU's time is
+``serving.admission_margin_ms`` (0 by default) plus the hold margin (the rollout step at ``concurrency``
+with a prefill chunk: a hold cannot stop the step in flight). The GPU's time is
 shared step by step: the rollout share is ``rollout step / (serving step + rollout step)`` while serving is
 busy and 1 while it is idle. The policy is pure, so one call per load level (memoised) is the same decision
 the executor would take at every step of that load.

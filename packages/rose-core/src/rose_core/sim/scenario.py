@@ -68,7 +68,7 @@ class ServingSpec(_Spec):
     """The serving fleet offers this many GPUs per borrowable slot; the scheduler borrows the lowest-KV ones."""
     admission_margin_ms: float = 0.0
     """The co-serving guard's margin (the executor's ``admission_margin_ms``, default 0); the guard adds the
-    hold margin (the rollout decode step at ``workload.concurrency_per_worker``) to it, as the executor does."""
+    hold margin (the rollout step at ``workload.concurrency_per_worker`` with a prefill chunk) to it, as the executor does."""
 
     def __post_init__(self) -> None:
         _positive(ttft_slo_ms=self.ttft_slo_ms, tpot_slo_ms=self.tpot_slo_ms, chunk_tokens=self.chunk_tokens,
