@@ -13,8 +13,8 @@ not affine: the turn is routed as a new one.
 Long tail (reason ``long_tail``, with its cause in ``Assignment.detail``): affinity to a borrowed serving
 worker is overridden for the least-loaded dedicated worker with room when (a) the trajectory's prefix is not
 warm there any more (its heartbeat's ``warm_trajectories`` dropped it: moving costs no cache), or (b) that
-worker is holding turns back for serving while a dedicated worker sits idle (at the end of a step the
-stragglers' next turns run where they finish sooner). Otherwise the warm prefix wins. The reverse move (off
+worker is holding turns back for serving (its last heartbeat): serving is busy there, so the next turn runs
+where it finishes sooner, prefix or not. Otherwise the warm prefix wins. The reverse move (off
 a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
 serving load, which the scheduler does not model.
 
@@ -297,8 +297,8 @@ class ElasticScheduler:
             return None
         if ticket.trajectory_id not in affine.warm:
             return back, "long_tail", f"prefix cold on {affine.worker_id}"
-        if affine.held > 0 and back.load == 0:
-            return back, "long_tail", f"{affine.worker_id} holds {affine.held} turns for serving, {back.worker_id} idle"
+        if affine.held > 0:
+            return back, "long_tail", f"{affine.worker_id} holds {affine.held} turns for serving"
         return None
 
     @staticmethod
