@@ -106,6 +106,9 @@ def test_build_adds_the_hold_margin_to_the_admission_margin() -> None:
     settings = GuardSettings(SloBudgets(0.5, 0.05), chunk_tokens=256, margin_s=0.003, rollout_batch=8)
     built = CoServingGuard.build(settings, SERVING, ROLLOUT).admission.config
     assert built == AdmissionConfig(0.5, 0.05, 256, 0.003 + hold_margin_s(ROLLOUT, 8, 256))
+    priced = GuardSettings(SloBudgets(0.5, 0.05), chunk_tokens=256, margin_s=0.003, rollout_batch=8, hold_chunk=False)
+    assert CoServingGuard.build(priced, SERVING, ROLLOUT).admission.config.margin_s == pytest.approx(
+        0.003 + hold_margin_s(ROLLOUT, 8))  # each chunk admitted at its launch: no chunk in the margin
     unheld = GuardSettings(SloBudgets(0.5, 0.05), margin_s=0.003, hold_margin=False)
     assert CoServingGuard.build(unheld, SERVING, ROLLOUT).admission.config.margin_s == pytest.approx(0.003)
 

@@ -175,7 +175,9 @@ class ChunkGuard:
 
     @classmethod
     def build(cls, lat: LatencyProfile, slo: SloBudgets, margin_s: float, chunk_tokens: int) -> ChunkGuard:
-        settings = GuardSettings(slo, chunk_tokens, margin_s, hold_margin=True, rollout_batch=1)
+        # every chunk is admitted at its own launch (against a request arriving now): the chunk in flight is
+        # priced, so the hold margin charges no chunk (``hold_chunk=False``; it is 0 here)
+        settings = GuardSettings(slo, chunk_tokens, margin_s, hold_margin=True, rollout_batch=1, hold_chunk=False)
         return cls(CoServingGuard.build(settings, lat.serving_model(), lat.rollout_model(chunk_tokens)), chunk_tokens)
 
     @property

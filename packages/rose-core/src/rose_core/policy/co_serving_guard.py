@@ -62,6 +62,10 @@ class GuardSettings:
     """Also keep in reserve the rollout step a hold cannot stop (``hold_margin_s`` at ``rollout_batch``)."""
     rollout_batch: int = 16
     """The rollout engine's most concurrent sequences (its decode batch at full load)."""
+    hold_chunk: bool = True
+    """The step a hold cannot stop may carry a prefill chunk (an engine that, once a prefill is admitted, runs
+    its chunks step after step: vLLM's chunked prefill); False where every chunk is admitted at its own
+    launch (the GPU admission bench), so the chunk in flight is already priced."""
 
 
 def hold_margin_s(rollout: LatencyModel, max_num_seqs: int, chunk_tokens: int = 0) -> float:
@@ -102,7 +106,8 @@ class CoServingGuard:
         the serving engine's steps (the executor passes the slower of its alone / co-located profiles)."""
         margin_s = settings.margin_s
         if settings.hold_margin:
-            margin_s += hold_margin_s(rollout, settings.rollout_batch, settings.chunk_tokens)
+            chunk = settings.chunk_tokens if settings.hold_chunk else 0
+            margin_s += hold_margin_s(rollout, settings.rollout_batch, chunk)
         config = AdmissionConfig(settings.slo.ttft_s, settings.slo.tpot_s, settings.chunk_tokens, margin_s)
         return cls(DualSlackAdmission(config, serving, rollout))
 
