@@ -124,9 +124,14 @@ def test_requeued_turns_keep_their_place() -> None:
     s.submit(0, ticket("old", "A", now=0))
     (_a,) = s.schedule(0)
     s.submit(5, ticket("new", "B", now=5))
-    s.abort(6, "d1", "old", 0, "memory")
+    s.abort(6, "d1", "old", 0, "weight_update")
     (b,) = s.schedule(6)
     assert b.ticket.turn_id == "old"
+    s.abort(7, "d1", "old", 1, "memory")  # no room there: it keeps off d1 for a while, then tries again
+    (c,) = s.schedule(7)
+    assert c.ticket.turn_id == "new"
+    s.complete(8, "d1", "new", 0)
+    assert s.schedule(8) == [] and [a.ticket.turn_id for a in s.schedule(7 + 2.0)] == ["old"]
 
 
 class SchedulerMachine(RuleBasedStateMachine):

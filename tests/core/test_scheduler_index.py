@@ -125,3 +125,18 @@ def test_bench_reports_decision_percentiles() -> None:
     assert result["decisions"] == 500
     assert 0 < result["decision_p50_us"] <= result["decision_p99_us"] <= result["decision_max_us"]
     assert result["least_loaded_p99_us"] > 0
+
+
+def test_a_turn_refused_for_memory_is_not_sent_straight_back_by_its_warm_affinity() -> None:
+    """The borrowed worker's budget cannot hold the trajectory's next turn: it is given back as ``memory``
+    and must wait for the dedicated worker, not bounce back to its warm, affine worker forever."""
+    s = _straggler_on_borrowed()
+    s.submit(1, TurnTicket("a1", "A2", 0, 0, 1.0))
+    placed = {a.ticket.turn_id: a.worker_id for a in s.schedule(1)}
+    assert placed == {"b1": "s1", "a1": "d1"}  # b1 affine to warm s1; the dedicated worker is now full
+    assert s.abort(2, "s1", "b1", 0, "memory")
+    assert s.schedule(2) == [] and s.schedule(3.5) == []  # s1 refused it, d1 is full: it waits, no bounce
+    s.complete(3, "d1", "a1", 0)
+    (again,) = s.schedule(3.6)
+    assert (again.ticket.turn_id, again.worker_id, again.ticket.attempt) == ("b1", "d1", 1)
+    assert again.ticket.avoid == ""  # placed: the next refusal decides afresh

@@ -43,6 +43,10 @@ from rose_core.scheduler.worker_state import Pool, WorkerState
 
 Verdict = Literal["accepted", "late", "duplicate", "unknown"]
 _STILL_RUNNING = frozenset({"stalled", "revoked", "overdue"})
+_NO_ROOM = frozenset({"memory", "capacity"})
+"""Abort reasons that say the worker had no room for this turn: it avoids that worker for ``AVOID_S``."""
+AVOID_S = 2.0
+"""How long a turn refused for lack of room keeps off the worker that refused it (about a heartbeat)."""
 """Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
 
 
@@ -200,10 +204,13 @@ class ElasticScheduler:
 
         def place(ticket: TurnTicket) -> bool:
             window = (ticket.min_version, ticket.max_version)
-            found = self._pick(ticket, skip_pools=window in refused)
+            avoid = ticket.avoid if now < ticket.avoid_until else ""
+            found = self._pick(ticket, avoid, skip_pools=window in refused)
             if found is None:
-                refused.add(window)
+                if not avoid:  # an avoided worker says nothing about other turns of this window
+                    refused.add(window)
                 return False
+            ticket.avoid = ""
             worker, reason, detail = found
             worker.in_flight[ticket.turn_id] = ticket.attempt
             self._index.refile(worker)
@@ -247,7 +254,9 @@ class ElasticScheduler:
         if running is None or running[0] != worker_id or running[1].attempt != attempt:
             self.counters["stale_aborts"] += 1
             return False
-        self._requeue(turn_id, f"aborted_{reason.split(':', maxsplit=1)[0]}")
+        ticket = self._requeue(turn_id, f"aborted_{reason.split(':', maxsplit=1)[0]}")
+        if reason in _NO_ROOM:  # do not send it straight back (its warm affinity points there)
+            ticket.avoid, ticket.avoid_until = worker_id, now + AVOID_S
         return True
 
     def finish_trajectory(self, trajectory_id: str) -> None:
@@ -275,20 +284,23 @@ class ElasticScheduler:
 
     # ---------------------------------------------------------------- internals
 
-    def _pick(self, ticket: TurnTicket, skip_pools: bool = False) -> tuple[WorkerState, str, str] | None:
-        """``skip_pools``: the pools are known to hold no worker for this window; only affinity can place."""
+    def _pick(self, ticket: TurnTicket, avoid: str = "", skip_pools: bool = False) -> tuple[WorkerState, str, str] | None:
+        """``avoid``: a worker that just refused the turn for lack of room. ``skip_pools``: the pools are known to
+        hold no worker for this window; only affinity can place."""
         lo, hi = ticket.min_version, ticket.max_version
         affine = self.workers.get(self._affinity.get(ticket.trajectory_id, ""))
-        if affine is not None and self._fits(affine, ticket):
+        if affine is not None and affine.worker_id != avoid and self._fits(affine, ticket):
             moved = None if skip_pools or affine.pool != "serving" else self._long_tail(affine, ticket)
             return moved if moved is not None else (affine, "affinity", "")
         if skip_pools:
             return None
         dedicated = self._index.least_loaded("dedicated", lo, hi)
-        if dedicated is not None:
+        if dedicated is not None and dedicated.worker_id != avoid:
             return dedicated, "dedicated", ""
         borrowed = self._index.least_loaded("serving", lo, hi)
-        return (borrowed, "borrowed", "") if borrowed is not None else None
+        if borrowed is None or borrowed.worker_id == avoid:
+            return None  # wait for another worker rather than go back to the one without room
+        return borrowed, "borrowed", ""
 
     def _long_tail(self, affine: WorkerState, ticket: TurnTicket) -> tuple[WorkerState, str, str] | None:
         """Override affinity to a borrowed worker (see the module docstring), or None to keep it."""

@@ -16,3 +16,8 @@ class TurnTicket:
     attempt: int = 0
     payload: Any = None
     """Opaque to the scheduler (the controller keeps the prompt here)."""
+    avoid: str = ""
+    """A worker that just refused this turn for lack of room (memory, capacity): not picked for it until
+    ``avoid_until`` (warm affinity would send it straight back; after that it may be tried again, so a turn
+    with a single possible worker is delayed, never starved)."""
+    avoid_until: float = 0.0
