@@ -92,9 +92,12 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         run.wait_for_row(1)
         serving = run.logged("serving-0", r"metrics on (\S+)")
         endpoint = run.logged("serving-0", r"OpenAI-compatible API on (\S+)")
-        run.until("rollout turns admitted on serving-0",
-                  lambda: metric(serving, "rose_executor_rollout_tokens_admitted") > 0)
-        burst(endpoint)
+        for _ in range(5):  # a burst while turns run beside it, until one crosses the watermark (it freezes after)
+            run.until("rollout turns admitted on serving-0",
+                      lambda: metric(serving, "rose_executor_rollout_tokens_admitted") > 0, every_s=0.005)
+            burst(endpoint, requests=10, max_tokens=300)
+            if "crossed the high watermark" in run.executor_log("serving-0"):
+                break
         run.wait_for_row(2)
         dedicated = run.logged("dedicated-0", r"metrics on (\S+)")
         run.until("a turn running on dedicated-0",
