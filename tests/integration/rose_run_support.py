@@ -87,11 +87,21 @@ class LiveRun:
         return found.group(1)
 
     def until(self, what: str, predicate: object, timeout_s: float = 120, every_s: float = 0.02) -> None:
+        """Poll ``predicate`` until true; fail (with the run's output) at the timeout or when the run ended. A
+        predicate that reads a process of the run may raise OSError once that process is gone."""
         deadline = time.monotonic() + timeout_s
-        while not predicate():  # type: ignore[operator]
+        while not self._holds(predicate):
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise AssertionError(f"never saw {what}: {self.tail()}")
+                raise AssertionError(f"never saw {what} (run ended: {self.proc.poll() is not None}): {self.tail()}")
             time.sleep(every_s)
+
+    def _holds(self, predicate: object) -> bool:
+        try:
+            return bool(predicate())  # type: ignore[operator]
+        except OSError:
+            if self.proc.poll() is None:
+                raise
+            return False
 
     def finish(self) -> dict:
         try:

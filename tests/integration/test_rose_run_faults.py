@@ -38,9 +38,21 @@ max_tokens_per_turn = 64
 base_rps = 1.0
 burst_rps = 1.5
 
+[slo]
+ttft_ms = 5000
+tpot_ms = 1000
+
 [executors.serving_overrides]
 device_memory_bytes = {device}
+slo_from_profile = 25
 """
+
+
+# A looser serving SLO than the demo's (guard budgets 25x the serving-alone profile, not 10x; the report's
+# [slo] above them): on a 2-core host every engine of the run (two executors, the trainer) shares the cores, and
+# serving latency raised by that contention keeps the demo's guard without headroom for whole steps (a late
+# request's slack stays negative while it decodes), so serving-0 could see no rollout turn in the step the burst
+# needs one. This test is about the memory policy and stalls; the SLO runs (test_rose_run*.py) keep the demo's.
 
 
 def small_device(models: Path) -> int:

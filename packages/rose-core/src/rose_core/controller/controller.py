@@ -349,6 +349,9 @@ class Controller:
         rec.weight_version = msg.load.weight_version
         rec.heartbeats += 1
         load = msg.load
+        log.debug("heartbeat %s: version %d, headroom %s, budget frozen %s, held %d, in flight %d, KV %.2e",
+                  msg.executor_id, load.weight_version, load.slo_headroom, load.rollout_budget_frozen,
+                  load.rollout_held, load.rollout_in_flight, load.serving_kv_usage_ratio)
         self.scheduler.observe(now, msg.executor_id, weight_version=load.weight_version,
                                slo_headroom=load.slo_headroom, budget_frozen=load.rollout_budget_frozen,
                                kv_usage_ratio=load.serving_kv_usage_ratio, held=load.rollout_held,
@@ -429,6 +432,7 @@ class Controller:
             prompt_token_ids=payload.prompt_token_ids, sampling=payload.sampling,
             min_version=ticket.min_version, max_version=ticket.max_version, step=payload.step))
         metrics.TURNS_ROUTED.labels(reason).inc()
+        log.debug("turn %s (attempt %d) -> %s (%s)", ticket.turn_id, ticket.attempt, worker_id, reason)
 
     def _ticket_of(self, turn_id: str) -> TurnTicket | None:
         return self.scheduler.running_ticket(turn_id)

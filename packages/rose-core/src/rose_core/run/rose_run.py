@@ -92,6 +92,11 @@ def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, i
     return section
 
 
+def executor_log_level() -> str:
+    """The executors log at DEBUG when `rose -vv` does (their logs: run_dir/logs), else at INFO."""
+    return "DEBUG" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "INFO"
+
+
 class Launch:
     """Everything `rose run` starts, in the order it is stopped."""
 
@@ -166,7 +171,7 @@ class Launch:
             path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
             argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,
                     "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
-                    "--metrics-port", "0"]
+                    "--metrics-port", "0", "--log-level", executor_log_level()]
             self.children.start(f"executor-{role}-{i}", argv)
         self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
         t0 = time.monotonic()

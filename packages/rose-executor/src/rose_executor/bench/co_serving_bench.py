@@ -10,6 +10,9 @@ profiles; ticks every 10 ms and at once on a serving arrival or finish; the p99 
 figures show the per-tick policy alone). Each co-located window starts once the rollout load is in its steady
 state (``ROLLOUT_CONCURRENCY`` turns finished); rollout throughput is every token generated in the window
 (the rollout engine's stat logger), and each engine's device time is its workers' CPU time (``worker_cpu``).
+No prompt recurs anywhere in the bench (rollout or serving): a window is never served from the prefix cache
+an earlier window filled (before, every window replayed the same prompt sequence, and most windows' rollout
+prefill was a cache hit: the contention came and went between runs).
 
 Load levels are fractions of the profiled serving capacity one request at a time (prefill of the 32-token
 prompt + 32 decode steps at batch 1, from the alone profile): low 0.2, medium 0.5, high 0.8. vLLM batches, so
@@ -27,11 +30,12 @@ beside it (the rollout turns device time into tokens at about its alone rate).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,9 +107,12 @@ class TokenCounter:
 
 
 class RolloutLoad:
-    """Keeps ``ROLLOUT_CONCURRENCY`` long rollout turns submitted through a real ``RolloutRunner``."""
+    """Keeps ``ROLLOUT_CONCURRENCY`` long rollout turns submitted through a real ``RolloutRunner``. Each turn's
+    prompt is drawn from the next of ``seeds``, shared by every window of the bench: no prompt recurs, so no
+    window's rollout prefill is served from the prefix cache a previous window filled."""
 
-    def __init__(self, engine: Engine, guarded: bool) -> None:
+    def __init__(self, engine: Engine, guarded: bool, seeds: Iterator[int]) -> None:
+        self._seeds = seeds
         self._finished = 0
         self._warm = asyncio.Event()
         self._n = 0
@@ -123,7 +130,7 @@ class RolloutLoad:
 
     def _submit(self) -> None:
         self._n += 1
-        rng = np.random.default_rng(self._n)
+        rng = np.random.default_rng(next(self._seeds))
         prompt = rng.integers(3, 153, int(rng.integers(*ROLLOUT_PROMPT)), dtype=np.int32)
         self.runner.submit(_turn(f"r{self._n}", prompt, ROLLOUT_TOKENS))
 
@@ -140,8 +147,10 @@ class RolloutLoad:
         await self.runner.abort_all("shutdown")
 
 
-async def serving_traffic(engine: Engine, rps: float, seconds: float, seed: int) -> int:
-    """Bursty open-loop traffic: bursts of 1-4 requests, burst gaps exponential at ``rps`` on average."""
+async def serving_traffic(engine: Engine, rps: float, seconds: float, seed: int, prompts: Iterator[int]) -> int:
+    """Bursty open-loop traffic: bursts of 1-4 requests, burst gaps exponential at ``rps`` on average. Each
+    request's prompt comes from the next of ``prompts`` (shared by every window: none recurs, so none is
+    answered from the prefix cache an earlier window filled)."""
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=SERVING_TOKENS, temperature=0.0, logprobs=False)
     tasks: list[asyncio.Task[GenerationOutput]] = []
@@ -151,7 +160,7 @@ async def serving_traffic(engine: Engine, rps: float, seconds: float, seed: int)
         burst = rng.randint(1, 4)
         for _ in range(burst):
             n += 1
-            prompt = [(i * 13 + n) % 150 + 3 for i in range(SERVING_PROMPT)]
+            prompt = np.random.default_rng(next(prompts)).integers(3, 153, SERVING_PROMPT).tolist()
             tasks.append(asyncio.create_task(engine.generate(f"serve-{seed}-{n}", prompt, params)))
         await asyncio.sleep(rng.expovariate(rps / 2.5))
     await asyncio.gather(*tasks)
@@ -212,6 +221,10 @@ class Rig:
     serving_cpu: WorkerCpu
     rollout_cpu: WorkerCpu
     rollout_tokens: TokenCounter
+    prompt_seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    """Seeds of the rollout prompts, one per turn over the whole bench (see ``RolloutLoad``)."""
+    serving_seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1_000_000))
+    """Seeds of the serving prompts, one per request over the whole bench (see ``serving_traffic``)."""
 
     def counters(self) -> tuple[float, float, float]:
         """Serving and rollout device core-seconds per device core, rollout tokens generated (cumulative)."""
@@ -222,7 +235,7 @@ class Rig:
 async def measure(rig: Rig, mode: str, rps: float, seconds: float, guard: CoServingGuard | None) -> Window:
     stats = StatsCollector()
     rig.serving.attach_observer(stats)
-    load = RolloutLoad(rig.rollout, guarded=mode == "guarded") if mode != "alone" else None
+    load = RolloutLoad(rig.rollout, mode == "guarded", rig.prompt_seeds) if mode != "alone" else None
     guard_task = None
     if load is not None and guard is not None and mode == "guarded":
         co = CoServing(guard, rig.serving, rig.rollout, load.runner, GUARD_TICK_S)
@@ -233,7 +246,7 @@ async def measure(rig: Rig, mode: str, rps: float, seconds: float, guard: CoServ
     stats.finished.clear()
     stats.itls.clear()
     before, started = rig.counters(), time.monotonic()
-    sent = await serving_traffic(rig.serving, rps, seconds, seed=int(rps * 1000))
+    sent = await serving_traffic(rig.serving, rps, seconds, seed=int(rps * 1000), prompts=rig.serving_seeds)
     elapsed = time.monotonic() - started
     serving_share, rollout_share, tokens_per_s = (
         (b - a) / elapsed for a, b in zip(before, rig.counters(), strict=True)
@@ -263,7 +276,7 @@ async def _stats_logged(stats: StatsCollector, sent: int) -> None:
 
 async def rollout_alone(rig: Rig, seconds: float) -> tuple[float, float]:
     """Rollout tokens/s with the device to itself, and its workers' share of the device meanwhile."""
-    load = RolloutLoad(rig.rollout, guarded=False)
+    load = RolloutLoad(rig.rollout, False, rig.prompt_seeds)
     load.start()
     await load.warm_up()
     before, started = rig.counters(), time.monotonic()

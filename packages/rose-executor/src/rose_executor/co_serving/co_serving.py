@@ -169,6 +169,8 @@ class CoServing:
         verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
         self._account(now, verdict)
         self.last = verdict
+        if verdict.headroom != self.headroom:
+            self._log_headroom(now, verdict, serving, feedback_ok)
         self.headroom = verdict.headroom
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
@@ -176,6 +178,16 @@ class CoServing:
         if not self.active:
             await self._release()
         return verdict
+
+    @staticmethod
+    def _log_headroom(now: float, verdict: GuardVerdict, serving: list[LiveRequest], feedback_ok: bool) -> None:
+        """A headroom change, with what decided it (the operator's first question when rollout stops here)."""
+        oldest = min(serving, key=lambda r: r.arrival_s, default=None)
+        worst = (f"; oldest {oldest.request_id}: {now - oldest.arrival_s:.2f} s old, {oldest.tokens_out} tokens out,"
+                 f" {'prefilling' if oldest.prefilling else 'decoding'}") if oldest else ""
+        log.debug("SLO headroom %s: min slack %.1f ms, p99 feedback %s, %d serving requests in flight%s",
+                 "regained" if verdict.headroom else "lost", verdict.min_slack_s * 1e3,
+                 "ok" if feedback_ok else "over", len(serving), worst)
 
     async def _release(self) -> None:
         """Inactive (and held) with nothing to keep it awake: release the rollout engine's memory where the
