@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.config import RunConfig, load_config
+from rose_core.config import RLConfig, RunConfig, load_config
 from rose_core.config_support import dump_toml, parse_toml
 from rose_core.errors import ConfigError
+from rose_core.rl.loss_settings import LossSettings
 
 
 def test_defaults_round_trip_through_toml(tmp_path: Path) -> None:
@@ -31,6 +32,15 @@ def test_partial_config_overrides_only_what_it_names() -> None:
         (b"[slo]\nheadroom_fraction = 2.0\n", "headroom_fraction"),
         (b"[executors]\ndedicated = 0\nserving = 0\n", "need at least one executor"),
         (b"steps = [", "not valid TOML"),
+        (b"[rl]\nclip_low = 0.3\nclip_high = 0.2\n", "`clip_high` 0.2 must be >= `clip_low` 0.3"),
+        (b"[rl]\nalgorithm = 'dapo'\nclip_low = 0.3\n", "`clip_high` 0.28 must be >= `clip_low` 0.3"),
+        (b"[rl]\nclip_low = 1.0\n", "`clip_low` 1.0 must be in (0, 1)"),
+        (b"[rl]\nalgorithm = 'ppo'\n", "`algorithm` 'ppo' is not one of ['grpo', 'dapo']"),
+        (b"[rl]\nloss_agg = 'sum'\n", "`loss_agg` 'sum' is not one of ['token_mean', 'seq_mean_token_mean'"),
+        (b"[rl]\nkl_coef = -0.1\n", "`kl_coef` -0.1 must be >= 0"),
+        (b"[rl]\ntis_cap = 0.5\n", "`tis_cap` 0.5 must be >= 1"),
+        (b"[rl]\noverlong_buffer_tokens = 9\n", "`overlong_buffer_tokens` 9 must be <= `max_tokens_per_turn` 8"),
+        (b"[rl]\noverlong_penalty = -1.0\n", "`overlong_penalty` must be >= 0"),
     ],
 )
 def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> None:
@@ -39,6 +49,25 @@ def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> Non
     text = str(err.value)
     assert needle in text and "my.toml" in text
     assert "\n" not in text
+
+
+def test_the_algorithm_fills_the_loss_fields_left_unset() -> None:
+    grpo = RunConfig().rl
+    assert (grpo.algorithm, grpo.clip_low, grpo.clip_high, grpo.loss_agg) == ("grpo", 0.2, 0.2, "seq_mean_token_mean")
+    assert (grpo.kl_coef, grpo.tis_cap, grpo.advantage_std_norm, grpo.overlong_buffer_tokens) == (0.0, 2.0, True, 0)
+    dapo = parse_toml(b"[rl]\nalgorithm = 'dapo'\n", RunConfig)
+    assert (dapo.rl.clip_low, dapo.rl.clip_high, dapo.rl.loss_agg) == (0.2, 0.28, "token_mean")
+    assert parse_toml(dump_toml(dapo), RunConfig) == dapo
+    mine = parse_toml(b"[rl]\nalgorithm = 'dapo'\nclip_high = 0.3\nloss_agg = 'seq_mean_token_sum_norm'\n", RunConfig)
+    assert (mine.rl.clip_low, mine.rl.clip_high, mine.rl.loss_agg) == (0.2, 0.3, "seq_mean_token_sum_norm")
+
+
+def test_loss_settings_come_from_the_rl_section() -> None:
+    rl = parse_toml(b"[rl]\nalgorithm = 'dapo'\nkl_coef = 0.01\ntis_cap = 3.0\n", RunConfig).rl
+    settings = LossSettings.from_config(rl)
+    assert settings == LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.01, tis_cap=3.0,
+                                    max_response_tokens=rl.max_tokens_per_turn)
+    assert LossSettings.from_config(RLConfig()) == LossSettings(max_response_tokens=RLConfig().max_tokens_per_turn)
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -12,16 +12,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rose_core.config import RLConfig
 from rose_core.rl import (
     Conversation,
     Episode,
     FrozenLakeEnv,
+    OverlongShaping,
     Trajectory,
     Turn,
     assemble_prompt,
     build_samples,
+    build_samples_from_config,
     group_advantages,
+    informative_groups,
     normalize_group,
+    overlong_shaping,
 )
 from rose_core.rl.frozenlake import HEADER
 
@@ -88,6 +93,70 @@ def test_build_samples_gives_one_sample_per_turn_with_its_trajectory_advantage()
     assert samples[3].advantage == 0.0
     assert samples[0].response_token_ids == (4, 5) and samples[0].behaviour_logprobs == (-0.5, -1.5)
     assert [s.trajectory_id for s in build_samples(trajectories, skip_zero_advantage=True)] == ["a", "a", "b"]
+
+
+def test_dr_grpo_advantages_are_centred_but_not_scaled() -> None:
+    # mean 0.5; std sqrt((0.25 + 0.25 + 0) / 3) = 0.408248
+    assert normalize_group([1.0, 0.0, 0.5], std_norm=False) == pytest.approx([0.5, -0.5, 0.0])
+    assert normalize_group([1.0, 0.0, 0.5]) == pytest.approx([1.224742, -1.224742, 0.0], abs=1e-5)
+    assert normalize_group([0.3, 0.3], std_norm=False) == [0.0, 0.0]
+    trajectories = [_trajectory("a", "g", [2.0]), _trajectory("b", "g", [0.0])]
+    assert group_advantages(trajectories, std_norm=False) == {"a": 1.0, "b": -1.0}
+
+
+def test_overlong_shaping_values() -> None:
+    # budget 8, buffer 4: free up to 8 - 4 = 4 tokens, then (4 - L) / 4 * penalty down to -penalty at 8
+    assert [overlong_shaping(n, 8, 4, 1.0) for n in (0, 4, 5, 6, 7, 8, 9)] == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0]
+    assert overlong_shaping(6, 8, 4, 0.5) == -0.25
+    assert overlong_shaping(8, 8, 0, 1.0) == 0.0  # buffer 0: off
+    assert overlong_shaping(2, 8, 8, 1.0) == -0.25  # the whole budget as buffer: (0 - 2) / 8
+    with pytest.raises(ValueError, match="buffer 9"):
+        overlong_shaping(1, 8, 9, 1.0)
+    with pytest.raises(ValueError, match=r"penalty -1\.0"):
+        overlong_shaping(1, 8, 4, -1.0)
+    with pytest.raises(ValueError, match="length -1"):
+        overlong_shaping(-1, 8, 4, 1.0)
+    with pytest.raises(ValueError, match="max_length 0"):
+        OverlongShaping(0, 0)
+
+
+def test_overlong_shaping_is_per_turn_and_enters_the_advantage() -> None:
+    # every _turn has 2 response tokens: at the budget 2 (buffer 1) each turn is shaped by -1
+    shaping = OverlongShaping(max_length=2, buffer=1, penalty=1.0)
+    assert shaping.shaped_reward(_trajectory("a", "g", [0.5, 0.5])) == -1.0  # 1.0 - 2 * 1
+    assert OverlongShaping(max_length=4, buffer=1).shaped_reward(_trajectory("a", "g", [0.5])) == 0.5  # 2 <= 3
+    # equal rewards, but b took two full-budget turns to a's one: shaped -1 vs -2, centred +-0.5
+    trajectories = [_trajectory("a", "g", [0.0]), _trajectory("b", "g", [0.0, 0.0])]
+    assert group_advantages(trajectories, std_norm=False, overlong=shaping) == {"a": 0.5, "b": -0.5}
+    assert group_advantages(trajectories) == {"a": 0.0, "b": 0.0}
+
+
+def test_build_samples_from_config_applies_the_jobs_advantage_settings() -> None:
+    trajectories = [_trajectory("a", "g", [1.0]), _trajectory("b", "g", [0.0, 0.0])]
+    plain = build_samples_from_config(trajectories, RLConfig())
+    assert [s.advantage for s in plain] == pytest.approx([1.0, -1.0, -1.0], abs=1e-5)
+    rl = RLConfig(advantage_std_norm=False, max_tokens_per_turn=2, overlong_buffer_tokens=1, overlong_penalty=0.5)
+    # shaped: a 1.0 - 0.5 = 0.5, b 0.0 - 2 * 0.5 = -1.0; mean -0.25; centred 0.75, -0.75
+    assert [s.advantage for s in build_samples_from_config(trajectories, rl)] == pytest.approx([0.75, -0.75, -0.75])
+
+
+def test_informative_groups_drop_groups_whose_rewards_do_not_vary() -> None:
+    trajectories = [
+        _trajectory("a", "g1", [1.0]),
+        _trajectory("b", "g2", [0.5]),
+        _trajectory("c", "g1", [0.0]),
+        _trajectory("d", "g2", [0.25, 0.25]),  # same total as b: no signal
+        _trajectory("e", "g3", [1.0]),  # a group of one
+        _trajectory("f", "g4", [0.0]),
+        _trajectory("g", "g4", [0.0, 0.1]),
+    ]
+    kept, dropped = informative_groups(trajectories)
+    assert [t.trajectory_id for t in kept] == ["a", "c", "f", "g"]
+    assert dropped == ["g2", "g3"]
+    assert informative_groups([]) == ([], [])
+    # what it drops is exactly what would train on zero advantage
+    advantages = group_advantages(trajectories)
+    assert all(advantages[t.trajectory_id] == 0.0 for t in trajectories if t.group_id in dropped)
 
 
 def test_turn_and_trajectory_validate() -> None:

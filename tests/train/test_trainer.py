@@ -1,7 +1,8 @@
-"""The reference GRPO trainer: learning direction, clipping, weight export."""
+"""The reference trainer: learning direction, clipping, behaviour-logprob correction, KL, weight export."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from rose_core.config import RLConfig
 from rose_core.errors import RoseError
 from rose_core.rl.frozenlake import FrozenLakeEnv
+from rose_core.rl.loss_settings import LossSettings
 from rose_core.rl.models import ModelPaths, load_tokenizer
 from rose_core.rl.sample import TrainSample
 from rose_core.rl.trainer import PolicyTrainer, TrainerConfig
@@ -66,7 +69,8 @@ def test_clipping_engages_when_a_sample_is_reused_with_a_large_step(models: Mode
     samples = _samples(models, [1.0, -1.0])
     gentle = PolicyTrainer(models.policy, lr=1e-6, epochs=1).train_step(samples)
     assert gentle.clip_fraction == 0.0
-    aggressive = PolicyTrainer(models.policy, lr=5e-2, epochs=4, clip_eps=0.1).train_step(samples)
+    narrow = LossSettings(clip_low=0.1, clip_high=0.1)
+    aggressive = PolicyTrainer(models.policy, lr=5e-2, epochs=4, loss=narrow).train_step(samples)
     assert aggressive.clip_fraction > 0.0
     assert aggressive.approx_kl > gentle.approx_kl
 
@@ -123,8 +127,8 @@ def test_bad_inputs_are_refused(models: ModelPaths, tmp_path: Path) -> None:
         trainer.train_step([TrainSample("t", 0, (1, 5000), (3,), (-1.0,), 0, 1.0)])
     with pytest.raises(ValueError, match="tokens"):
         trainer.train_step([TrainSample("t", 0, tuple([5] * 2048), (3,), (-1.0,), 0, 1.0)])
-    with pytest.raises(ValueError, match="clip_eps"):
-        TrainerConfig(clip_eps=1.5)
+    with pytest.raises(ValueError, match="clip_low"):
+        TrainerConfig(loss=LossSettings(clip_low=1.5))
     with pytest.raises(RoseError, match="ensure_models"):
         PolicyTrainer(tmp_path)
 
@@ -138,3 +142,72 @@ def test_micro_batches_give_the_same_update_as_one_batch(models: ModelPaths) -> 
     wa, wb = whole.export_weights(), split.export_weights()
     mismatched = [n for n in wa if not torch.allclose(wa[n].float(), wb[n].float(), atol=1e-2)]
     assert not mismatched
+
+
+def _with_behaviour(samples: list[TrainSample], logprobs: list[list[float]], shift: float = 0.0) -> list[TrainSample]:
+    """The samples with the given behaviour logprobs (plus ``shift``): the sampler's as the trainer sees them."""
+    return [
+        TrainSample(s.trajectory_id, 0, s.prompt_token_ids, s.response_token_ids, tuple(v + shift for v in row),
+                    s.weight_version, s.advantage)
+        for s, row in zip(samples, logprobs, strict=True)
+    ]
+
+
+DAPO = LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean")
+
+
+def test_a_dapo_step_on_policy_reports_ratios_near_one(models: ModelPaths) -> None:
+    trainer = PolicyTrainer(models.policy, lr=1e-2, epochs=3, loss=DAPO)
+    samples = _samples(models, [1.0, -1.0, 0.5, -0.5])
+    samples = _with_behaviour(samples, trainer.response_logprobs(samples))
+    stats = trainer.train_step(samples)
+    assert math.isfinite(stats.loss) and stats.tokens > 0
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-4)
+    assert stats.behaviour_ratio_mean == pytest.approx(1.0, abs=1e-4)
+    assert stats.tis_truncated_fraction == 0.0 and stats.kl_ref is None
+    assert 0.0 < stats.clip_fraction < 1.0  # later epochs move past 1 + 0.28 with lr 1e-2
+    assert trainer.config.loss == DAPO
+
+
+def test_stale_behaviour_logprobs_are_weighted_by_the_capped_ratio(models: ModelPaths) -> None:
+    samples = _samples(models, [1.0, 0.5])
+    own = PolicyTrainer(models.policy).response_logprobs(samples)
+    settings = LossSettings(loss_agg="token_mean", tis_cap=2.0)
+    honest = PolicyTrainer(models.policy, epochs=1, loss=settings).train_step(_with_behaviour(samples, own))
+    # behaviour 2 nats below proximal: proximal/behaviour = e^2 = 7.39 on every token, capped at 2
+    stale = PolicyTrainer(models.policy, epochs=1, loss=settings).train_step(_with_behaviour(samples, own, -2.0))
+    assert honest.tis_truncated_fraction == 0.0 and stale.tis_truncated_fraction == 1.0
+    assert stale.behaviour_ratio_mean == pytest.approx(math.exp(2.0), rel=1e-3)
+    assert stale.ratio_mean == pytest.approx(math.exp(2.0), rel=1e-3)
+    # one epoch, new = proximal, ratio 1: the loss is -mean(w * A) over tokens, so the capped weight doubles it
+    assert honest.loss < 0 and stale.loss == pytest.approx(2.0 * honest.loss, rel=1e-4)
+    # behaviour 0.5 nats above proximal: weight e^-0.5 = 0.607, not truncated
+    fresh = PolicyTrainer(models.policy, epochs=1, loss=settings).train_step(_with_behaviour(samples, own, 0.5))
+    assert fresh.tis_truncated_fraction == 0.0
+    assert fresh.loss == pytest.approx(math.exp(-0.5) * honest.loss, rel=1e-4)
+
+
+def test_kl_to_the_frozen_reference(models: ModelPaths) -> None:
+    trainer = PolicyTrainer(models.policy, lr=1e-2, loss=LossSettings(kl_coef=0.1))
+    assert trainer.reference is not None
+    initial = {n: p.detach().clone() for n, p in trainer.reference.named_parameters()}
+    samples = _samples(models, [1.0, -1.0])
+    samples = _with_behaviour(samples, trainer.response_logprobs(samples))
+    first = trainer.train_step(samples)
+    assert first.kl_ref == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
+    second = trainer.train_step(samples)
+    assert second.kl_ref is not None and second.kl_ref > 1e-4
+    assert all(torch.equal(p, initial[n]) for n, p in trainer.reference.named_parameters())
+    assert all(not p.requires_grad for p in trainer.reference.parameters())
+
+
+def test_from_config_builds_the_jobs_loss(models: ModelPaths) -> None:
+    rl = RLConfig(algorithm="dapo", kl_coef=0.05, lr=2e-3, epochs=3, max_tokens_per_turn=16)
+    trainer = PolicyTrainer.from_config(models.policy, rl)
+    assert trainer.config.loss == LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.05,
+                                               tis_cap=2.0, max_response_tokens=16)
+    assert (trainer.config.lr, trainer.config.epochs) == (2e-3, 3) and trainer.reference is not None
+    dr = PolicyTrainer.from_config(models.policy, RLConfig(loss_agg="seq_mean_token_sum_norm", advantage_std_norm=False))
+    assert dr.config.loss.max_response_tokens == RLConfig().max_tokens_per_turn and dr.reference is None
+    stats = dr.train_step(_samples(models, [1.0, -1.0]))
+    assert math.isfinite(stats.loss) and stats.kl_ref is None

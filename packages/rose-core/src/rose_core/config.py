@@ -7,6 +7,7 @@ path, and ``load_config`` (``config_support.load_toml``) turns it into one line 
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,9 @@ from rose_core.config_support import (
 )
 
 __all__ = [
+    "ALGORITHMS",
+    "LOSS_AGGREGATIONS",
+    "AlgorithmPreset",
     "ClusterConfig",
     "ConfigSection",
     "ControllerConfig",
@@ -34,6 +38,7 @@ __all__ = [
     "load_config",
     "require_fraction",
     "require_positive",
+    "validate_policy_loss",
 ]
 
 class ControllerConfig(ConfigSection):
@@ -83,6 +88,42 @@ class SloConfig(ConfigSection):
         require_fraction(headroom_fraction=self.headroom_fraction)
 
 
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+"""How per-token losses become one number (``docs/rl.md``): over all tokens; per sample (turn) then over samples;
+per-sample sums over a constant length (Dr. GRPO) then over samples."""
+
+
+class AlgorithmPreset(msgspec.Struct, frozen=True):
+    """What ``rl.algorithm`` fills into the fields left at 0 / empty."""
+
+    clip_low: float
+    clip_high: float
+    loss_agg: str
+
+
+ALGORITHMS = {
+    "grpo": AlgorithmPreset(clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean"),
+    "dapo": AlgorithmPreset(clip_low=0.2, clip_high=0.28, loss_agg="token_mean"),
+}
+"""GRPO as published (symmetric clip, per-sequence mean) and DAPO (decoupled clip-higher, token-level mean)."""
+
+
+def validate_policy_loss(*, clip_low: float, clip_high: float, loss_agg: str, kl_coef: float, tis_cap: float) -> None:
+    """``ValueError`` naming the first policy-loss setting out of range (shared by ``RLConfig`` and the trainer)."""
+    if not 0.0 < clip_low < 1.0:
+        raise ValueError(f"`clip_low` {clip_low} must be in (0, 1): the ratio's floor is 1 - clip_low")
+    if not (math.isfinite(clip_high) and clip_high >= clip_low):
+        raise ValueError(
+            f"`clip_high` {clip_high} must be >= `clip_low` {clip_low} (DAPO's clip-higher: e.g. 0.2 / 0.28)"
+        )
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"`loss_agg` {loss_agg!r} is not one of {list(LOSS_AGGREGATIONS)}")
+    if not (math.isfinite(kl_coef) and kl_coef >= 0.0):
+        raise ValueError(f"`kl_coef` {kl_coef} must be >= 0 (0: no reference model)")
+    if not (math.isfinite(tis_cap) and tis_cap >= 1.0):
+        raise ValueError(f"`tis_cap` {tis_cap} must be >= 1 (a cap below 1 would down-weight on-policy tokens)")
+
+
 class RLConfig(ConfigSection):
     steps: int = 3
     prompts_per_step: int = 3
@@ -92,12 +133,30 @@ class RLConfig(ConfigSection):
     max_context_tokens: int = 512
     temperature: float = 1.0
     lr: float = 1e-3
-    clip_eps: float = 0.2
     epochs: int = 2
     env_size: int = 4
     seed: int = 0
     turn_timeout_s: float = 120.0
     weight_sync_timeout_s: float = 120.0
+    algorithm: str = "grpo"
+    """``grpo`` or ``dapo``: the defaults of ``clip_low``, ``clip_high`` and ``loss_agg`` (``ALGORITHMS``)."""
+    clip_low: float = 0.0
+    """PPO clip below: the ratio new/proximal is kept >= 1 - clip_low. 0: the algorithm's (0.2)."""
+    clip_high: float = 0.0
+    """PPO clip above: the ratio is kept <= 1 + clip_high. 0: the algorithm's (grpo 0.2, dapo 0.28)."""
+    loss_agg: str = ""
+    """One of ``LOSS_AGGREGATIONS``. Empty: the algorithm's (grpo ``seq_mean_token_mean``, dapo ``token_mean``)."""
+    advantage_std_norm: bool = True
+    """Divide group-centred rewards by the group's std (GRPO, DAPO); false for Dr. GRPO."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to a frozen copy of the initial policy, per token; 0: no reference model."""
+    tis_cap: float = 2.0
+    """Cap of the truncated importance weight proximal/behaviour that corrects turns sampled on older weights."""
+    overlong_buffer_tokens: int = 0
+    """DAPO's soft overlong punishment, per turn: a turn within this many tokens of ``max_tokens_per_turn`` is
+    penalised linearly up to ``overlong_penalty``. 0: off."""
+    overlong_penalty: float = 1.0
+    """The penalty of a turn that reaches ``max_tokens_per_turn`` (with ``overlong_buffer_tokens`` > 0)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -111,6 +170,31 @@ class RLConfig(ConfigSection):
         )
         if self.group_size < 2:
             raise ValueError("`group_size` must be >= 2 (GRPO normalises rewards within a group)")
+        self._apply_algorithm()
+        validate_policy_loss(
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            loss_agg=self.loss_agg,
+            kl_coef=self.kl_coef,
+            tis_cap=self.tis_cap,
+        )
+        self._check_overlong()
+
+    def _apply_algorithm(self) -> None:
+        preset = ALGORITHMS.get(self.algorithm)
+        if preset is None:
+            raise ValueError(f"`algorithm` {self.algorithm!r} is not one of {list(ALGORITHMS)}")
+        self.clip_low = self.clip_low or preset.clip_low
+        self.clip_high = self.clip_high or preset.clip_high
+        self.loss_agg = self.loss_agg or preset.loss_agg
+
+    def _check_overlong(self) -> None:
+        require_non_negative(overlong_buffer_tokens=self.overlong_buffer_tokens, overlong_penalty=self.overlong_penalty)
+        if self.overlong_buffer_tokens > self.max_tokens_per_turn:
+            raise ValueError(
+                f"`overlong_buffer_tokens` {self.overlong_buffer_tokens} must be <= `max_tokens_per_turn` "
+                f"{self.max_tokens_per_turn}: the buffer is the last part of a turn's token budget"
+            )
 
 
 class LoadConfig(ConfigSection):

@@ -1,11 +1,20 @@
-"""The RL loop's pieces: a multi-turn environment, trajectories, GRPO, and (with ``rose-core[train]``) the tiny
-models of the embedded demo and a reference trainer (``rose_core.rl.trainer``, imported on its own)."""
+"""The RL loop's pieces: a multi-turn environment, trajectories, GRPO / DAPO advantages, shaping and filters, the
+policy loss's settings, and (with ``rose-core[train]``) the tiny models of the embedded demo and a reference trainer
+(``rose_core.rl.trainer``, imported on its own, with its loss in ``rose_core.rl.policy_loss``)."""
 
 from rose_core.rl.conversation import Conversation, assemble_prompt
 from rose_core.rl.episode import Episode
 from rose_core.rl.frozenlake import FrozenLakeEnv, LakeRewards, StepOutcome, parse_action
-from rose_core.rl.grpo import build_samples, group_advantages, normalize_group
+from rose_core.rl.grpo import (
+    build_samples,
+    build_samples_from_config,
+    group_advantages,
+    informative_groups,
+    normalize_group,
+)
+from rose_core.rl.loss_settings import LossSettings
 from rose_core.rl.models import ModelPaths, ensure_models, load_tokenizer
+from rose_core.rl.overlong import OverlongShaping, overlong_shaping
 from rose_core.rl.sample import TrainSample
 from rose_core.rl.trajectory import Trajectory, Turn
 
@@ -14,16 +23,21 @@ __all__ = [
     "Episode",
     "FrozenLakeEnv",
     "LakeRewards",
+    "LossSettings",
     "ModelPaths",
+    "OverlongShaping",
     "StepOutcome",
     "TrainSample",
     "Trajectory",
     "Turn",
     "assemble_prompt",
     "build_samples",
+    "build_samples_from_config",
     "ensure_models",
     "group_advantages",
+    "informative_groups",
     "load_tokenizer",
     "normalize_group",
+    "overlong_shaping",
     "parse_action",
 ]

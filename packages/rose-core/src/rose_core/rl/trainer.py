@@ -1,20 +1,26 @@
-"""The reference trainer: a Hugging Face policy in fp32 master weights, updated with clipped GRPO.
+"""The reference trainer: a Hugging Face policy in fp32 master weights, updated with GRPO / DAPO.
 
-Synchronous and on-policy: old logprobs are recomputed by the trainer before each update, so the samplers'
-logprobs serve only as a check (``TrainStats.logprob_gap``). One of the two modules that import torch.
+Decoupled PPO: before the first epoch the trainer recomputes the samples' logprobs (the *proximal* policy) and
+clips ``new / proximal``; the sampler's (*behaviour*) logprobs weight each token by the truncated importance
+ratio ``min(proximal / behaviour, tis_cap)``, so turns sampled on an older weight version are corrected
+(``rose_core.rl.policy_loss``; ``docs/rl.md``). One of the modules that import torch.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from rose_core.config import RLConfig
 from rose_core.errors import RoseError, require_extra
+from rose_core.rl.loss_settings import LossSettings
 from rose_core.rl.models import iter_safetensors_names, quiet_progress
+from rose_core.rl.policy_loss import LossNorm, PolicyLoss, policy_loss
 from rose_core.rl.sample import TrainSample
 from rose_core.weights import EngineLayout
 
@@ -34,8 +40,12 @@ _COPIED_FILES = (
 
 @dataclass(slots=True, frozen=True)
 class TrainStats:
-    """One ``train_step``. ``clip_fraction`` counts token updates (over all epochs) whose ratio was clipped;
-    ``approx_kl`` is the k3 estimate of KL(old || new) on the sampled tokens after the step."""
+    """One ``train_step``; means are over response tokens. ``clip_fraction``: token updates (over all epochs)
+    the clip stopped; ``approx_kl``: k3 estimate of KL(proximal || new) after the step; ``logprob_gap``: mean
+    |proximal - behaviour|. First epoch (before any optimizer step): ``ratio_mean`` of new/behaviour,
+    ``behaviour_ratio_mean`` of proximal/behaviour (the same weights, so the two agree; ~1 on-policy, off by
+    bf16 noise), ``tis_truncated_fraction`` of tokens whose IS weight hit ``tis_cap``, and ``kl_ref``, the k3
+    KL(new || reference), only when ``kl_coef`` > 0."""
 
     loss: float
     clip_fraction: float
@@ -45,25 +55,27 @@ class TrainStats:
     samples: int = 0
     grad_norm: float = 0.0
     logprob_gap: float = 0.0
+    ratio_mean: float = 1.0
+    behaviour_ratio_mean: float = 1.0
+    tis_truncated_fraction: float = 0.0
+    kl_ref: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
 class TrainerConfig:
-    """Optimizer and loss settings; ``threads`` is torch's intra-op thread count (the demo shares 2 cores)."""
+    """Optimizer settings and the loss's; ``threads`` is torch's intra-op thread count (the demo shares 2 cores)."""
 
     lr: float = 1e-4
-    clip_eps: float = 0.2
     epochs: int = 2
     seed: int = 0
     threads: int = 1
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
+    loss: LossSettings = field(default_factory=LossSettings)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr) and self.lr > 0.0):
             raise ValueError(f"learning rate {self.lr} must be positive")
-        if not 0.0 < self.clip_eps < 1.0:
-            raise ValueError(f"clip_eps {self.clip_eps} must be in (0, 1)")
         if min(self.epochs, self.threads, self.micro_batch_size) < 1:
             raise ValueError("epochs, threads and micro_batch_size must each be at least 1")
         if not self.max_grad_norm > 0.0:
@@ -79,32 +91,64 @@ class _Batch:
     mask: torch.Tensor
     advantages: torch.Tensor
     behaviour: torch.Tensor
+    proximal: torch.Tensor | None = None
+    """Set by the first epoch's forward pass (detached)."""
+    reference: torch.Tensor | None = None
+    """The frozen reference's logprobs, when ``kl_coef`` > 0."""
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Sums of ``PolicyLoss`` counters: ``clipped`` over all epochs, the rest over the first."""
+
+    clipped: float = 0.0
+    truncated: float = 0.0
+    ratio: float = 0.0
+    behaviour_ratio: float = 0.0
+    kl: float = 0.0
+
+    def add(self, terms: PolicyLoss, *, first_epoch: bool) -> None:
+        self.clipped += terms.clipped
+        if first_epoch:
+            self.truncated += terms.truncated
+            self.ratio += terms.ratio
+            self.behaviour_ratio += terms.behaviour_ratio
+            self.kl += terms.kl
 
 
 class PolicyTrainer:
-    """Holds the policy loaded from ``model_dir`` (bf16 on disk) as fp32 parameters with AdamW."""
+    """Holds the policy loaded from ``model_dir`` (bf16 on disk) as fp32 parameters with AdamW; with
+    ``kl_coef`` > 0 also a frozen fp32 copy of the initial policy as the KL reference."""
 
     def __init__(
         self,
         model_dir: Path,
         *,
         lr: float = 1e-4,
-        clip_eps: float = 0.2,
         epochs: int = 2,
         seed: int = 0,
         threads: int = 1,
         max_grad_norm: float = 1.0,
         micro_batch_size: int = 32,
+        loss: LossSettings | None = None,
     ) -> None:
-        self.config = TrainerConfig(lr, clip_eps, epochs, seed, threads, max_grad_norm, micro_batch_size)
+        self.config = TrainerConfig(
+            lr, epochs, seed, threads, max_grad_norm, micro_batch_size, loss if loss is not None else LossSettings()
+        )
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self.model_dir = model_dir
         self.steps = 0
         self.model = _load_policy(model_dir)
+        self.reference = _frozen_copy(self.model) if self.config.loss.kl_coef > 0.0 else None
         self.names = _checkpoint_names(model_dir, self.model)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
+
+    @classmethod
+    def from_config(cls, model_dir: Path, rl: RLConfig) -> PolicyTrainer:
+        """The job's trainer: ``rl``'s learning rate, epochs, seed and policy loss (``LossSettings.from_config``)."""
+        return cls(model_dir, lr=rl.lr, epochs=rl.epochs, seed=rl.seed, loss=LossSettings.from_config(rl))
 
     @property
     def vocab_size(self) -> int:
@@ -115,36 +159,43 @@ class PolicyTrainer:
         return int(self.model.config.max_position_embeddings)
 
     def train_step(self, samples: Sequence[TrainSample]) -> TrainStats:
-        """One clipped-GRPO update (``epochs`` optimizer steps) over the samples' response tokens.
-
-        The old logprobs are the first epoch's own forward pass (detached): the update is on-policy.
-        """
+        """One update (``epochs`` optimizer steps) over the samples' response tokens; the proximal logprobs are
+        the first epoch's own forward pass (detached), the behaviour logprobs the samples' own."""
         started = time.perf_counter()
         batches = self._batches(samples)
-        tokens = sum(int(b.mask.sum()) for b in batches)
-        old: list[torch.Tensor | None] = [None] * len(batches)
-        losses, clipped, grad_norm = [], 0.0, 0.0
-        for _ in range(self.config.epochs):
+        norm = LossNorm(tokens=sum(int(b.mask.sum()) for b in batches), sequences=len(samples))
+        tally = _Tally()
+        losses, grad_norm = [], 0.0
+        for epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss = 0.0
-            for index, batch in enumerate(batches):
-                step_loss, step_clipped, old[index] = self._backward(batch, old[index], tokens)
-                loss += step_loss
-                clipped += step_clipped
+            for batch in batches:
+                terms = self._backward(batch, norm)
+                loss += float(terms.loss.detach())
+                tally.add(terms, first_epoch=epoch == 0)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
             self.optimizer.step()
             losses.append(loss)
-        before = [o for o in old if o is not None]
         self.steps += 1
+        return self._stats(batches, norm, tally, sum(losses) / len(losses), grad_norm, started)
+
+    def _stats(
+        self, batches: list[_Batch], norm: LossNorm, tally: _Tally, loss: float, grad_norm: float, started: float
+    ) -> TrainStats:
+        tokens = norm.tokens
         return TrainStats(
-            loss=sum(losses) / len(losses),
-            clip_fraction=clipped / (tokens * self.config.epochs),
-            approx_kl=self._approx_kl(batches, before) / tokens,
+            loss=loss,
+            clip_fraction=tally.clipped / (tokens * self.config.epochs),
+            approx_kl=self._approx_kl(batches) / tokens,
             tokens=tokens,
             seconds=time.perf_counter() - started,
-            samples=len(samples),
+            samples=norm.sequences,
             grad_norm=grad_norm,
-            logprob_gap=_gap(batches, before) / tokens,
+            logprob_gap=_gap(batches) / tokens,
+            ratio_mean=tally.ratio / tokens,
+            behaviour_ratio_mean=tally.behaviour_ratio / tokens,
+            tis_truncated_fraction=tally.truncated / tokens,
+            kl_ref=tally.kl / tokens if self.reference is not None else None,
         )
 
     def response_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
@@ -174,33 +225,34 @@ class PolicyTrainer:
                 shutil.copyfile(self.model_dir / name, directory / name)
         save_file(self.export_weights(), str(directory / "model.safetensors"), metadata={"format": "pt"})
 
-    def _backward(self, batch: _Batch, old: torch.Tensor | None, tokens: int) -> tuple[float, float, torch.Tensor]:
-        """Accumulate the clipped surrogate's gradient; returns (loss, clipped tokens, old logprobs)."""
+    def _backward(self, batch: _Batch, norm: LossNorm) -> PolicyLoss:
+        """Accumulate the policy loss's gradient for one micro-batch; the first call fixes its proximal (and
+        reference) logprobs."""
         new = self._logprobs(batch, grad=True)
-        if old is None:
-            old = new.detach()
-        ratio = torch.exp(new - old)
-        advantages = batch.advantages[:, None]
-        bounded = torch.clamp(ratio, 1.0 - self.config.clip_eps, 1.0 + self.config.clip_eps)
-        per_token = -torch.minimum(ratio * advantages, bounded * advantages)
-        loss = (per_token * batch.mask).sum() / tokens
-        loss.backward()  # type: ignore[no-untyped-call]
-        active = ((ratio > 1.0 + self.config.clip_eps) & (advantages > 0)) | (
-            (ratio < 1.0 - self.config.clip_eps) & (advantages < 0)
+        if batch.proximal is None:
+            batch.proximal = new.detach()
+            if self.reference is not None:
+                batch.reference = self._logprobs(batch, grad=False, model=self.reference)
+        terms = policy_loss(
+            new, batch.proximal, batch.behaviour, batch.mask, batch.advantages, self.config.loss, norm, batch.reference
         )
-        return float(loss.detach()), float((active.float() * batch.mask).sum()), old
+        terms.loss.backward()  # type: ignore[no-untyped-call]
+        return terms
 
-    def _approx_kl(self, batches: list[_Batch], old: list[torch.Tensor]) -> float:
+    def _approx_kl(self, batches: list[_Batch]) -> float:
         total = 0.0
-        for batch, old_logprobs in zip(batches, old, strict=True):
-            log_ratio = self._logprobs(batch, grad=False) - old_logprobs
+        for batch in batches:
+            log_ratio = self._logprobs(batch, grad=False) - _proximal(batch)
             total += float(((torch.exp(log_ratio) - 1.0 - log_ratio) * batch.mask).sum())
         return total
 
-    def _logprobs(self, batch: _Batch, *, grad: bool) -> torch.Tensor:
-        """Logprobs of the response tokens, zero where masked. The model stays in eval mode (no dropout)."""
+    def _logprobs(
+        self, batch: _Batch, *, grad: bool, model: transformers.PreTrainedModel | None = None
+    ) -> torch.Tensor:
+        """Logprobs of the response tokens under ``model`` (default the policy), zero where masked. Models stay
+        in eval mode (no dropout)."""
         with torch.set_grad_enabled(grad):
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            logits = (self.model if model is None else model)(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
             picked = logits.gather(1, batch.positions[:, :, None].expand(-1, -1, logits.shape[-1]))
             logprobs = torch.log_softmax(picked.float(), dim=-1)
             return logprobs.gather(2, batch.targets[:, :, None]).squeeze(2) * batch.mask
@@ -228,9 +280,15 @@ class PolicyTrainer:
             )
 
 
-def _gap(batches: Sequence[_Batch], old: Sequence[torch.Tensor]) -> float:
-    """Summed |trainer - sampler| logprob over response tokens: large values mean stale or wrong weights."""
-    return sum(float(((o - b.behaviour).abs() * b.mask).sum()) for o, b in zip(old, batches, strict=True))
+def _gap(batches: Sequence[_Batch]) -> float:
+    """Summed |proximal - behaviour| logprob over response tokens: large values mean stale or wrong weights."""
+    return sum(float(((_proximal(b) - b.behaviour).abs() * b.mask).sum()) for b in batches)
+
+
+def _proximal(batch: _Batch) -> torch.Tensor:
+    if batch.proximal is None:
+        raise RuntimeError("the batch has no proximal logprobs yet: run its first epoch (_backward) first")
+    return batch.proximal
 
 
 def _collate(samples: Sequence[TrainSample], pad_id: int) -> _Batch:
@@ -253,6 +311,14 @@ def _collate(samples: Sequence[TrainSample], pad_id: int) -> _Batch:
         behaviour[row, :response] = torch.tensor(sample.behaviour_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return _Batch(input_ids, attention_mask, positions, targets, mask, advantages, behaviour)
+
+
+def _frozen_copy(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """The KL reference: the initial policy's fp32 weights, never trained."""
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    reference.eval()
+    return reference
 
 
 def _load_policy(model_dir: Path) -> transformers.PreTrainedModel:

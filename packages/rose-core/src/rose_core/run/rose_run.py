@@ -251,7 +251,7 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
 
     models = ensure_models(Path(config.models_dir))
     rl = config.rl
-    trainer = PolicyTrainer(models.policy, lr=rl.lr, clip_eps=rl.clip_eps, epochs=rl.epochs, seed=rl.seed)
+    trainer = PolicyTrainer.from_config(models.policy, rl)
     return RLJob(controller, config, load_tokenizer(models.policy), trainer, publisher, load,
                  watchdog=launch.children.check_alive, on_progress=progress, relays=launch.relays)
 
