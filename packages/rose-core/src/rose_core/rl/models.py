@@ -1,8 +1,9 @@
 """The embedded demo's tiny models, generated locally (no model hub): a byte-level BPE tokenizer, the policy
 (Llama) and the differently shaped serving model (Qwen2), both bf16 safetensors that vLLM's CPU backend loads.
 
-This module and ``trainer.py`` are the only ones that import the ``[train]`` extra (torch, transformers,
-tokenizers, safetensors), and only inside functions, so ``import rose_core.rl`` works without it.
+This module, ``trainer.py`` and ``trainer_state.py`` are the only ones that import the ``[train]`` extra
+(torch, transformers, tokenizers, safetensors); this one only inside functions, so ``import rose_core.rl`` works
+without it.
 """
 
 from __future__ import annotations
