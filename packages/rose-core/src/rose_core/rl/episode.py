@@ -63,7 +63,7 @@ class Episode:
         )
         self._pending = None
         if outcome.done:
-            self.trajectory.finish()
+            self.trajectory.finish(success=self._env.reached_goal)
         else:
             self._conversation.add_response(response)
             self._conversation.add_observation(self._codec.encode(outcome.observation))

@@ -97,6 +97,11 @@ class FrozenLakeEnv:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def reached_goal(self) -> bool:
+        """The player stands on the goal (the episode's success)."""
+        return self.lake.cell(self._position) == GOAL
+
     def reset(self) -> str:
         self._position = self.lake.start
         self._turns = 0

@@ -44,6 +44,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     total_reward: float = 0.0
     done: bool = False
+    success: bool = False
+    """The episode reached its goal (set by ``finish``)."""
 
     def __post_init__(self) -> None:
         if not self.trajectory_id or not self.group_id:
@@ -60,8 +62,9 @@ class Trajectory:
         self.turns.append(turn)
         self.total_reward += turn.reward
 
-    def finish(self) -> None:
+    def finish(self, success: bool = False) -> None:
         self.done = True
+        self.success = success
 
     @property
     def response_tokens(self) -> int:

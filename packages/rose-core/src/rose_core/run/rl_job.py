@@ -67,6 +67,23 @@ class StepReport:
     """Per cluster with a started relay: bytes of this step's version that crossed the link to it."""
     prefix_hit_ratio: dict[str, float] = field(default_factory=dict)
     """Per pool (dedicated, serving): this step's accepted turns' prompt tokens served from the prefix cache."""
+    success_rate: float = 0.0
+    """Trajectories that reached the goal / trajectories trained on."""
+    eval_success: float | None = None
+    """Greedy success on the held-out maps (``rl.eval_every``; None on steps that did not evaluate)."""
+    train: dict[str, float | None] = field(default_factory=dict)
+    """The trainer's statistics (``TrainStats``): loss, clip_fraction, ratio_mean, behaviour_ratio_mean,
+    tis_truncated_fraction, approx_kl, kl_ref, grad_norm, tokens, samples."""
+    dropped_groups: int = 0
+    """Groups dropped by dynamic sampling (every reward equal: no gradient) and refilled."""
+    max_staleness: int = 0
+    """The largest (trained version - sampling version) over the trained turns (<= scheduler.staleness)."""
+    overlap_seconds: float = 0.0
+    """Asynchronous steps: seconds of this step's training during which the next step's rollouts ran."""
+    step_seconds: float = 0.0
+    """Wall time from this step's start to its weights shipped (overlap included)."""
+    checkpoint: str = ""
+    """The checkpoint written after this step ("" when none)."""
 
 
 @dataclass(slots=True)
