@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,40 +33,69 @@ def main(verbose: int) -> None:
     setup_logging(verbose)
 
 
-@main.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults.")
-@click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
-def run(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool) -> None:
-    """Run the embedded job: controller, executors, production traffic and GRPO steps, on this machine."""
-    _run_job(config_path, steps, report_path, port, as_json, spawn=True, secret_file=None)
+def job_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options `rose run` and `rose controller` share."""
+    options = [
+        click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults."),
+        click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps)."),
+        click.option("--seed", type=int, help="Seed of every generator: maps, sampling, trainer (overrides rl.seed)."),
+        click.option("--resume", "resume_path", type=click.Path(exists=True),
+                     help="Continue from this checkpoint (a step-NNNNNN folder, or the newest in a directory)."),
+        click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here."),
+        click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+                     help="Draw reward, success and step phases into this PNG (needs rose-core[sim])."),
+        click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    config_path: str | None
+    steps: int | None
+    seed: int | None
+    resume_path: str | None
+    report_path: str | None
+    plot_path: str | None
+    port: int | None
+    as_json: bool
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults.")
-@click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port).")
+@job_options
+def run(**options: Any) -> None:
+    """Run the embedded job: controller, executors, production traffic and RL steps, on this machine."""
+    _run_job(JobOptions(**options), spawn=True, secret_file=None)
+
+
+@main.command()
+@job_options
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
-def controller(config_path: str | None, steps: int | None, report_path: str | None, port: int | None,
-               secret_file: str | None, as_json: bool) -> None:
+def controller(secret_file: str | None, **options: Any) -> None:
     """Run the controller and trainer for executors started on their own hosts (a real fleet)."""
-    _run_job(config_path, steps, report_path, port, as_json, spawn=False, secret_file=secret_file)
+    _run_job(JobOptions(**options), spawn=False, secret_file=secret_file)
 
 
-def _run_job(config_path: str | None, steps: int | None, report_path: str | None, port: int | None, as_json: bool,
-             *, spawn: bool, secret_file: str | None) -> None:
+def _job_config(opts: JobOptions) -> RunConfig:
+    config = load_config(opts.config_path)
+    if opts.steps is not None:
+        config.rl.steps = opts.steps
+    if opts.seed is not None:
+        config.rl.seed = opts.seed
+    if opts.port is not None:
+        config.controller.port = opts.port
+    return config
+
+
+def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
     from rose_core.run.rose_run import run as run_job
     from rose_core.run.run_report import format_table, step_row, sync_summary
 
-    config = load_config(config_path)
-    if steps is not None:
-        config.rl.steps = steps
-    if port is not None:
-        config.controller.port = port
+    config = _job_config(opts)
+    as_json = opts.as_json
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
     live = sys.stderr.isatty() and not as_json
     progress = _progress_printer(live)
@@ -83,18 +113,19 @@ def _run_job(config_path: str | None, steps: int | None, report_path: str | None
         click.echo(table[2] if len(table) > 2 else "  ".join(step_row(step)))
 
     try:
-        report = run_job(config, say, progress=progress, on_step=on_step, spawn=spawn, secret_file=secret_file)
+        report = run_job(config, say, progress=progress, on_step=on_step, spawn=spawn, secret_file=secret_file,
+                         resume=Path(opts.resume_path) if opts.resume_path else None)
     except KeyboardInterrupt:
         click.echo("rose: interrupted", err=True)
         sys.exit(130)
     data = report.to_dict()
-    if report_path:
-        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(report_path).write_text(json.dumps(data, indent=2))
+    if opts.report_path:
+        Path(opts.report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.report_path).write_text(json.dumps(data, indent=2))
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_summary(data, report_path, sync_summary(report.steps))
+        _print_summary(data, opts.report_path, sync_summary(report.steps))
     sys.exit(0 if report.ok else 1)
 
 

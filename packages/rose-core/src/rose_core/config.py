@@ -99,13 +99,15 @@ class AlgorithmPreset(msgspec.Struct, frozen=True):
     clip_low: float
     clip_high: float
     loss_agg: str
+    dynamic_sampling: bool = False
 
 
 ALGORITHMS = {
     "grpo": AlgorithmPreset(clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean"),
-    "dapo": AlgorithmPreset(clip_low=0.2, clip_high=0.28, loss_agg="token_mean"),
+    "dapo": AlgorithmPreset(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", dynamic_sampling=True),
 }
-"""GRPO as published (symmetric clip, per-sequence mean) and DAPO (decoupled clip-higher, token-level mean)."""
+"""GRPO as published (symmetric clip, per-sequence mean) and DAPO (decoupled clip-higher, token-level mean,
+dynamic sampling)."""
 
 
 def validate_policy_loss(*, clip_low: float, clip_high: float, loss_agg: str, kl_coef: float, tis_cap: float) -> None:
@@ -157,6 +159,23 @@ class RLConfig(ConfigSection):
     penalised linearly up to ``overlong_penalty``. 0: off."""
     overlong_penalty: float = 1.0
     """The penalty of a turn that reaches ``max_tokens_per_turn`` (with ``overlong_buffer_tokens`` > 0)."""
+    dynamic_sampling: bool | None = None
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal (no gradient) and roll out new groups
+    in their place, at most ``max_refill_rounds`` times a step. None: the algorithm's (dapo on, grpo off)."""
+    max_refill_rounds: int = 2
+    """Refill rounds of dynamic sampling per step (the step trains on what it has after the last)."""
+    eval_every: int = 0
+    """Every this many steps, play ``eval_maps`` held-out maps greedily (temperature 0) beside the step's
+    rollout and report ``eval_success``. 0: never."""
+    eval_maps: int = 8
+    """Held-out maps per evaluation (their seeds never occur in training)."""
+    checkpoint_every: int = 0
+    """Every this many steps (and after the last), write a checkpoint (policy, optimizer, step, RNG, weight
+    version) under ``checkpoint_dir``. 0: never."""
+    checkpoint_dir: str = ""
+    """Where checkpoints go; empty: ``<run_dir>/checkpoints``."""
+    checkpoint_keep: int = 3
+    """Complete checkpoints kept (older ones are deleted once a new one is written)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -179,6 +198,9 @@ class RLConfig(ConfigSection):
             tis_cap=self.tis_cap,
         )
         self._check_overlong()
+        require_non_negative(max_refill_rounds=self.max_refill_rounds, eval_every=self.eval_every,
+                             checkpoint_every=self.checkpoint_every)
+        require_positive(eval_maps=self.eval_maps, checkpoint_keep=self.checkpoint_keep)
 
     def _apply_algorithm(self) -> None:
         preset = ALGORITHMS.get(self.algorithm)
@@ -187,6 +209,8 @@ class RLConfig(ConfigSection):
         self.clip_low = self.clip_low or preset.clip_low
         self.clip_high = self.clip_high or preset.clip_high
         self.loss_agg = self.loss_agg or preset.loss_agg
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = preset.dynamic_sampling
 
     def _check_overlong(self) -> None:
         require_non_negative(overlong_buffer_tokens=self.overlong_buffer_tokens, overlong_penalty=self.overlong_penalty)

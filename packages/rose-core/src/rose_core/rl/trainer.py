@@ -12,16 +12,19 @@ import copy
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rose_core.config import RLConfig
 from rose_core.errors import RoseError, require_extra
+from rose_core.rl.checkpoint_dir import CheckpointState
 from rose_core.rl.loss_settings import LossSettings
 from rose_core.rl.models import iter_safetensors_names, quiet_progress
 from rose_core.rl.policy_loss import LossNorm, PolicyLoss, policy_loss
 from rose_core.rl.sample import TrainSample
+from rose_core.rl.trainer_state import load_checkpoint, save_checkpoint
 from rose_core.weights import EngineLayout
 
 with require_extra("torch, transformers and safetensors (the reference trainer)", "rose-core[train]"):
@@ -207,6 +210,20 @@ class PolicyTrainer:
             for row, mask in zip(values, batch.mask, strict=True):
                 result.append(row[mask.bool()].tolist())
         return result
+
+    def save_checkpoint(
+        self, root: Path, *, step: int, weight_version: int, keep: int, extra: Mapping[str, Any], rl: Mapping[str, Any]
+    ) -> Path:
+        """A resumable checkpoint of this trainer under ``root`` (``rose_core.rl.trainer_state``)."""
+        return save_checkpoint(root, step=step, weight_version=weight_version, model=self.model,
+                               optimizer=self.optimizer, extra=extra, keep=keep, trainer_steps=self.steps, rl=rl)
+
+    def load_checkpoint(self, path: Path) -> CheckpointState:
+        """Restore policy, optimizer, generators and step count from a checkpoint folder (or the newest under
+        a directory); build the trainer exactly as the run that wrote it did."""
+        state = load_checkpoint(path, self.model, self.optimizer)
+        self.steps = state.trainer_steps
+        return state
 
     def engine_layout(self) -> EngineLayout:
         """How the rollout engines (vLLM) hold this model's tensors, for the publisher to cut."""

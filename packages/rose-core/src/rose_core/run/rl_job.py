@@ -1,18 +1,32 @@
-"""One GRPO job over the controller: rollout (turn by turn, routed by the scheduler), train, ship weights.
+"""One RL job over the controller: rollout (turn by turn, routed by the scheduler), train, ship weights.
 
-Version semantics: the generated model is version 0; step ``s`` rolls out on version ``s - 1`` (synchronous
-GRPO, staleness 0 by default) and publishes version ``s``. Every turn result carries the version that
-produced it; a result outside the allowed window is counted in ``version_mismatches``.
+Version semantics: the generated model is version 0; step ``s`` trains on top of version ``s - 1`` and
+publishes version ``s``. Every turn carries the window of versions it may run on, ``[T - staleness, T]`` with
+``T`` the version its step trains on top of; a result outside it is counted in ``version_mismatches``.
+
+Synchronous (``scheduler.staleness = 0``): rollout on ``s - 1`` -> train -> ship ``s``. Asynchronous
+(``staleness >= 1``): once step ``s``'s rollout is done, step ``s + 1``'s starts at once (on ``s - 1``, window
+``[s - staleness, s]``) and runs while step ``s`` trains (in a thread; the controller keeps pumping) and ships;
+the trainer's decoupled-PPO correction uses each turn's behaviour logprobs, so turns one version old are
+trained correctly. One step ahead at most.
+
+Dynamic sampling (``rl.dynamic_sampling``): groups whose rewards are all equal are dropped and new groups
+rolled out in their place, at most ``rl.max_refill_rounds`` times a step. Evaluation (``rl.eval_every``):
+held-out maps played greedily beside the step's rollout, never trained on. Checkpoints
+(``rl.checkpoint_every``) after the step's weights shipped; ``resume`` continues from one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 
 from rose_core.config import RunConfig
@@ -23,13 +37,19 @@ from rose_core.messages import SamplingParams, StepStarted, StepStatus
 from rose_core.rl.codec import TextCodec
 from rose_core.rl.episode import Episode
 from rose_core.rl.frozenlake import FrozenLakeEnv
-from rose_core.rl.grpo import build_samples
+from rose_core.rl.grpo import build_samples_from_config, informative_groups
 from rose_core.rl.sample import TrainSample
+from rose_core.rl.trajectory import Trajectory
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.scheduler import TurnTicket
 from rose_core.weights import EngineLayout, WeightPublisher, WeightRelay
 
 log = logging.getLogger(__name__)
+
+
+EVAL_SEED_BASE = 10**12
+"""Seeds of the held-out evaluation maps (training seeds, ``rl.seed * 1_000_003 + step * 1000 + p``, stay far
+below for any realistic seed and step count)."""
 
 
 class Trainer(Protocol):
@@ -38,6 +58,11 @@ class Trainer(Protocol):
     def export_weights(self) -> dict[str, Any]: ...
 
     def engine_layout(self) -> EngineLayout: ...
+
+    def save_checkpoint(self, root: Path, *, step: int, weight_version: int, keep: int, extra: Mapping[str, Any],
+                        rl: Mapping[str, Any]) -> Path: ...
+
+    def load_checkpoint(self, path: Path) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -90,11 +115,23 @@ class StepReport:
 class _Rollout:
     step: int
     version: int
+    """The newest weights when it started."""
+    window: tuple[int, int]
+    """The versions its turns may run on."""
     episodes: dict[str, Episode]
     open: set[str]
+    evals: set[str] = field(default_factory=set)
+    """Held-out episodes played greedily (reported, never trained)."""
+    groups: int = 0
+    """Training groups started (the refill's next group index)."""
+    dropped: int = 0
     turn_counts: dict[str, int] = field(default_factory=dict)
     by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     mismatches: int = 0
+
+    def finished(self, *, evals: bool = False) -> list[Trajectory]:
+        """Done trajectories: the training ones, or the evaluation ones."""
+        return [ep.trajectory for tid, ep in self.episodes.items() if ep.done and (tid in self.evals) == evals]
 
 
 class RLJob:
@@ -121,6 +158,8 @@ class RLJob:
         self.relays = dict(relays or {})
         self.version = 0
         self._rollout: _Rollout | None = None
+        self._next: _Rollout | None = None
+        """The next step's rollout, started while this step trains (asynchronous steps)."""
         self._link_before: dict[str, int] = {}
         self._prefix_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
         controller.on_result = self._on_result
@@ -133,57 +172,145 @@ class RLJob:
         stats = self.controller.stats
         self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
         self.controller.open_borrowing()
-        self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
-        rollout = self._start_rollout(step)
-        self._drive(rollout, time.monotonic() + self.config.rl.turn_timeout_s * self.config.rl.max_turns)
+        rollout, self._next = self._next or self._start_rollout(step), None
+        deadline = time.monotonic() + self.config.rl.turn_timeout_s * self.config.rl.max_turns
+        self._drive(rollout, deadline)
+        if self.config.rl.dynamic_sampling:
+            self._refill(rollout, deadline)
         rollout_s = time.monotonic() - started
-        trajectories = [ep.trajectory for ep in rollout.episodes.values() if ep.done]
+        everything = rollout.finished()
+        trained = informative_groups(everything)[0] if self.config.rl.dynamic_sampling else everything
+        if self.config.scheduler.staleness > 0 and step < self.config.rl.steps:
+            self._next = self._start_rollout(step + 1, ahead=True)
         self._set_phase(rollout, "train")
-        t0 = time.monotonic()
-        stats = self.trainer.train_step(build_samples(trajectories))
-        train_s = time.monotonic() - t0
+        train_stats, train_s = self._train(build_samples_from_config(trained, self.config.rl), rollout)
         self._set_phase(rollout, "weight_sync")
         sync_s, sync_bytes = self._ship_weights(step)
         ended = time.monotonic()
         for phase, secs in (("rollout", rollout_s), ("train", train_s), ("weight_sync", sync_s)):
             STEP_SECONDS.labels(phase).observe(secs)
-        report = self._report(rollout, trajectories, rollout_s, train_s, sync_s, sync_bytes, (started, ended))
+        report = self._report(rollout, everything, rollout_s, train_s, sync_s, sync_bytes, (started, ended))
         report.turns_rerouted = self.controller.stats.reroutes - reroutes_before
-        report.train_loss = float(getattr(stats, "loss", 0.0))
+        report.train = _train_figures(train_stats)
+        report.train_loss = float(report.train.get("loss") or 0.0)
+        report.max_staleness = max((self.version - 1 - t.weight_version for tr in trained for t in tr.turns), default=0)
+        report.overlap_seconds = train_s + sync_s if self._next is not None else 0.0
+        report.step_seconds = ended - started
         report.sync_breakdown = self.controller.last_sync
         report.link_bytes = {name: relay.upstream_bytes - self._link_before.get(name, 0)
                              for name, relay in self.relays.items()}
-        self._set_phase(rollout, "done", report.reward_mean)
-        self.controller.history.append(self.controller.step_status)  # type: ignore[arg-type]
+        report.checkpoint = self._checkpoint(step, report)
+        self._finish_status(rollout, report)
         return report
+
+    def resume(self, path: Path) -> int:
+        """Continue from a checkpoint (a ``step-NNNNNN`` folder or a directory of them): restore the trainer,
+        ship its weights to every executor (a full sync), and return the step it was taken after."""
+        state = self.trainer.load_checkpoint(path)
+        weights = self.trainer.export_weights()
+        announce = self.publisher.publish(state.weight_version, state.step, weights, layout=self.trainer.engine_layout())
+        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s)
+        failed = {eid: a.error for eid, a in applied.items() if not a.ok}
+        if failed:
+            raise RuntimeError(f"the resumed weights (version {announce.version}) failed on {failed}")
+        self.version = announce.version
+        return int(state.step)
+
+    # ---------------------------------------------------------------- train
+
+    def _train(self, samples: list[TrainSample], rollout: _Rollout) -> tuple[Any, float]:
+        """One trainer step: inline, or in a thread while the controller pumps (the next step's rollout runs)."""
+        t0 = time.monotonic()
+        if not samples:
+            log.warning("step %d: no samples to train on (every group dropped); the weights stay as they are",
+                        rollout.step)
+            return None, 0.0
+        if self._next is None:
+            return self.trainer.train_step(samples), time.monotonic() - t0
+        box: dict[str, Any] = {}
+        worker = threading.Thread(target=_train_into, args=(self.trainer, samples, box), name="rose-train", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            self.watchdog()
+            self.controller.pump(0.05)
+        worker.join()
+        if "error" in box:
+            raise box["error"]
+        return box["stats"], time.monotonic() - t0
+
+    def _checkpoint(self, step: int, report: StepReport) -> str:
+        every = self.config.rl.checkpoint_every
+        if every <= 0 or (step % every and step != self.config.rl.steps):
+            return ""
+        rl = self.config.rl
+        root = Path(rl.checkpoint_dir or Path(self.config.run_dir) / "checkpoints")
+        path = self.trainer.save_checkpoint(root, step=step, weight_version=self.version, keep=rl.checkpoint_keep,
+                                            extra={"reward_mean": report.reward_mean}, rl=msgspec.to_builtins(rl))
+        log.info("step %d: checkpoint %s", step, path)
+        return str(path)
 
     # ---------------------------------------------------------------- rollout
 
-    def _start_rollout(self, step: int) -> _Rollout:
+    def _start_rollout(self, step: int, *, ahead: bool = False) -> _Rollout:
+        """Step ``step``'s rollout; ``ahead``: started before the current step's weights shipped (asynchronous),
+        so it trains on top of one version newer than the newest now."""
         rl = self.config.rl
-        episodes: dict[str, Episode] = {}
-        for p in range(rl.prompts_per_step):
-            seed = rl.seed * 1_000_003 + step * 1000 + p
-            for g in range(rl.group_size):
-                tid = f"s{step}-p{p}-g{g}"
-                env = FrozenLakeEnv(seed=seed, size=rl.env_size, max_turns=rl.max_turns)
-                episodes[tid] = Episode(tid, f"s{step}-p{p}", env, self.codec, rl.max_context_tokens)
-        rollout = _Rollout(step, self.version, episodes, set(episodes))
+        top = self.version + (1 if ahead else 0)
+        window = (max(0, top - self.config.scheduler.staleness), top)
+        rollout = _Rollout(step, self.version, window, {}, set())
         self._rollout = rollout
-        for tid in episodes:
-            self._submit_turn(rollout, tid)
+        self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
+        self._add_groups(rollout, rl.prompts_per_step)
+        if rl.eval_every and step % rl.eval_every == 0:
+            self._add_evals(rollout)
         self._set_phase(rollout, "rollout")
         return rollout
+
+    def _add_groups(self, rollout: _Rollout, count: int) -> None:
+        rl = self.config.rl
+        for p in range(rollout.groups, rollout.groups + count):
+            seed = rl.seed * 1_000_003 + rollout.step * 1000 + p
+            for g in range(rl.group_size):
+                self._add_episode(rollout, f"s{rollout.step}-p{p}-g{g}", f"s{rollout.step}-p{p}", seed)
+        rollout.groups += count
+
+    def _add_evals(self, rollout: _Rollout) -> None:
+        for i in range(self.config.rl.eval_maps):
+            tid = f"s{rollout.step}-eval{i}"
+            rollout.evals.add(tid)
+            self._add_episode(rollout, tid, f"s{rollout.step}-eval", EVAL_SEED_BASE + i)
+
+    def _add_episode(self, rollout: _Rollout, tid: str, group: str, seed: int) -> None:
+        rl = self.config.rl
+        env = FrozenLakeEnv(seed=seed, size=rl.env_size, max_turns=rl.max_turns)
+        rollout.episodes[tid] = Episode(tid, group, env, self.codec, rl.max_context_tokens)
+        rollout.open.add(tid)
+        self._submit_turn(rollout, tid)
+
+    def _refill(self, rollout: _Rollout, deadline: float) -> None:
+        """Dynamic sampling: roll out new groups for those with no reward spread, at most ``max_refill_rounds``."""
+        rl = self.config.rl
+        for _ in range(rl.max_refill_rounds):
+            kept, dropped = informative_groups(rollout.finished())
+            missing = rl.prompts_per_step - len({t.group_id for t in kept})
+            if missing <= 0 or time.monotonic() >= deadline:
+                break
+            log.info("step %d: %d groups without reward spread; rolling out %d more", rollout.step, len(dropped),
+                     missing)
+            self._add_groups(rollout, missing)
+            self._drive(rollout, deadline)
+        rollout.dropped = len(informative_groups(rollout.finished())[1])
 
     def _submit_turn(self, rollout: _Rollout, trajectory_id: str) -> None:
         k = rollout.turn_counts.get(trajectory_id, 0)
         rollout.turn_counts[trajectory_id] = k + 1
         rl = self.config.rl
-        lo = max(0, rollout.version - self.config.scheduler.staleness)
+        lo, hi = rollout.window
         prompt = np.asarray(rollout.episodes[trajectory_id].prompt(), dtype=np.int32)
-        payload = TurnPayload(prompt, SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=rl.temperature),
+        temperature = 0.0 if trajectory_id in rollout.evals else rl.temperature
+        payload = TurnPayload(prompt, SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=temperature),
                               rollout.step)
-        self.controller.submit_turn(TurnTicket(f"{trajectory_id}/t{k}", trajectory_id, lo, rollout.version,
+        self.controller.submit_turn(TurnTicket(f"{trajectory_id}/t{k}", trajectory_id, lo, hi,
                                                time.monotonic(), payload=payload))
 
     def _drive(self, rollout: _Rollout, deadline: float) -> None:
@@ -213,15 +340,26 @@ class RLJob:
         else:
             self._submit_turn(rollout, res.trajectory_id)
 
-    def _set_phase(self, rollout: _Rollout, phase: str, reward: float | None = None) -> None:
+    def _set_phase(self, rollout: _Rollout, phase: str, report: StepReport | None = None) -> None:
         total = len(rollout.episodes)
         status = StepStatus(
             step=rollout.step, phase=phase, weight_version=rollout.version, trajectories_total=total,
             trajectories_done=total - len(rollout.open), turns_in_flight=self.controller.scheduler.running,
-            turns_queued=len(self.controller.scheduler.queue), reward_mean=reward,
+            turns_queued=len(self.controller.scheduler.queue),
         )
+        if report is not None:
+            status.reward_mean, status.success_rate = report.reward_mean, report.success_rate
+            status.eval_success = report.eval_success
+            status.rollout_seconds, status.train_seconds = report.rollout_seconds, report.train_seconds
+            status.sync_seconds = report.sync_seconds
         self.controller.step_status = status
         self.on_progress(status)
+
+    def _finish_status(self, rollout: _Rollout, report: StepReport) -> None:
+        self._set_phase(rollout, "done", report)
+        self.controller.history.append(self.controller.step_status)  # type: ignore[arg-type]
+        if self._next is not None:  # the next step's rollout is what runs now
+            self._set_phase(self._next, "rollout")
 
     # ---------------------------------------------------------------- weights
 
@@ -243,10 +381,11 @@ class RLJob:
     # ---------------------------------------------------------------- report
 
     def _report(
-        self, rollout: _Rollout, trajectories: list[Any], rollout_s: float, train_s: float, sync_s: float,
+        self, rollout: _Rollout, trajectories: list[Trajectory], rollout_s: float, train_s: float, sync_s: float,
         sync_bytes: int, span: tuple[float, float],
     ) -> StepReport:
         rewards = [t.total_reward for t in trajectories]
+        evals = rollout.finished(evals=True)
         slo = self.config.slo
         window = self.serving.window(span[0], span[1], slo.ttft_ms, slo.tpot_ms) if self.serving else None
         return StepReport(
@@ -260,6 +399,9 @@ class RLJob:
             serving_slo_violations=window.slo_violations if window else 0,
             lost_trajectories=len(rollout.open), version_mismatches=rollout.mismatches,
             published_version=self.version, prefix_hit_ratio=self._prefix_hit_ratio(),
+            success_rate=_share(t.success for t in trajectories),
+            eval_success=_share(t.success for t in evals) if rollout.evals else None,
+            dropped_groups=rollout.dropped,
         )
 
     def _prefix_hit_ratio(self) -> dict[str, float]:
@@ -270,3 +412,31 @@ class RLJob:
             hits = stats.prefix_hit_tokens_by_role.get(role, 0) - hit0.get(role, 0)
             out[role] = round(hits / tokens, 4) if tokens else 0.0
         return out
+
+
+def _train_into(trainer: Trainer, samples: list[TrainSample], box: dict[str, Any]) -> None:
+    """The training thread's body: the stats, or the error the main thread re-raises."""
+    try:
+        box["stats"] = trainer.train_step(samples)
+    except BaseException as exc:  # handed to the main thread, which raises it
+        box["error"] = exc
+
+
+TRAIN_FIGURES = ("loss", "clip_fraction", "ratio_mean", "behaviour_ratio_mean", "tis_truncated_fraction",
+                 "approx_kl", "kl_ref", "grad_norm", "logprob_gap", "tokens", "samples")
+
+
+def _train_figures(stats: Any) -> dict[str, float | None]:
+    """The report's view of ``TrainStats`` (empty when the step trained nothing)."""
+    if stats is None:
+        return {}
+    out: dict[str, float | None] = {}
+    for name in TRAIN_FIGURES:
+        value = getattr(stats, name, None)
+        out[name] = None if value is None else float(value)
+    return out
+
+
+def _share(flags: Iterable[bool]) -> float:
+    values = list(flags)
+    return sum(values) / len(values) if values else 0.0

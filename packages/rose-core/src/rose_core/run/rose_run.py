@@ -213,13 +213,17 @@ class Launch:
 
 def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | None = None,
         on_step: Callable[[StepReport], None] | None = None, *, spawn: bool = True,
-        secret_file: str | None = None) -> RunReport:
+        secret_file: str | None = None, resume: Path | None = None) -> RunReport:
     """Run the job; always returns a report (with ``error`` set if it stopped early).
 
     ``spawn=True`` (``rose run``) starts the executors here; ``spawn=False`` (``rose controller``) waits for
-    executors started on their own hosts with the same shared secret.
+    executors started on their own hosts with the same shared secret. ``resume``: a checkpoint folder (or a
+    directory of them, the newest is taken) to continue from: the run goes on with the step after it, up to
+    ``rl.steps``.
     """
     require_extras(need_executor=spawn)
+    if resume is not None:
+        resume_point(resume, config.rl.steps)  # a bad path fails before anything starts
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
     launch = Launch(config, say, secret_file, spawn)
     with sigterm_as_interrupt():
@@ -227,7 +231,11 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
             controller, publisher = launch.start()
             load = launch.start_load()
             job = _make_job(config, controller, publisher, load, launch, progress)
-            for step in range(1, config.rl.steps + 1):
+            first = 1
+            if resume is not None:
+                first = job.resume(resume) + 1
+                say(f"resumed from {resume}: step {first - 1} done, weight version {job.version}")
+            for step in range(first, config.rl.steps + 1):
                 step_report = job.run_step(step)
                 report.add(step_report)
                 if on_step is not None:
@@ -242,6 +250,18 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
         finally:
             launch.stop()
     return report
+
+
+def resume_point(path: Path, steps: int) -> int:
+    """The step a checkpoint was taken after; a ``CheckpointError`` naming the fix when there is none to
+    resume, or when it already holds every one of ``steps``."""
+    from rose_core.rl.checkpoint_dir import CheckpointError, read_state, resolve
+
+    state = read_state(resolve(path), verify=False)
+    if state.step >= steps:
+        raise CheckpointError(f"the checkpoint at {path} is after step {state.step}, and the run has {steps} steps: "
+                              f"pass --steps above {state.step} to train on")
+    return state.step
 
 
 def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublisher, load: LoadGenerator | None,
