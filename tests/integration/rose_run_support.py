@@ -16,15 +16,17 @@ import urllib.request
 from pathlib import Path
 
 
-def run_report(work: Path, config_text: str, steps: int) -> dict:
-    with LiveRun(work, config_text, steps) as run:
+def run_report(work: Path, config_text: str, steps: int, *args: str) -> dict:
+    """`rose run --steps N [args]` to its end; its report."""
+    with LiveRun(work, config_text, steps, args=args) as run:
         return run.finish()
 
 
 class LiveRun:
     """`rose run --steps N` in the background; stdout lines are queued for ``wait_for_row``."""
 
-    def __init__(self, work: Path, config_text: str, steps: int, timeout_s: float = 1500) -> None:
+    def __init__(self, work: Path, config_text: str, steps: int, timeout_s: float = 1500,
+                 args: tuple[str, ...] = ()) -> None:
         self.work = work
         self.timeout_s = timeout_s
         self.started = time.monotonic()
@@ -33,7 +35,7 @@ class LiveRun:
         self.report_path = work / "report.json"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rose_core", "run", "--steps", str(steps), "--config", str(config),
-             "--report", str(self.report_path)],
+             "--report", str(self.report_path), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.stdout: list[str] = []
