@@ -8,7 +8,7 @@ from tui_controller import make_snapshot
 from rose_core.messages import ErrorReport
 from rose_tui.app import RoseTui
 from rose_tui.feed_events import ErrorReceived, StatusReceived
-from rose_tui.widgets import ErrorBanner, SloGauge, StepPanel, ViewTable
+from rose_tui.widgets import ErrorBanner, LearningPanel, SloGauge, StepPanel, ViewTable
 
 
 class FakeClock:
@@ -58,6 +58,9 @@ async def test_snapshot_fills_the_dashboard() -> None:
 
         history = app.screen.query_one("#history", ViewTable)
         assert [row.key.value for row in history.ordered_rows] == ["3", "2", "1", "0"]
+        learning = app.screen.query_one(LearningPanel)
+        assert learning.border_title == "learning (4 steps)"
+        assert str(learning.render()).splitlines()[0] == "reward    ▁▃▆█ +0.300"
         assert label_text(app, "#controller") == "controller ctl-test"
         assert label_text(app, "#elapsed") == "elapsed 00:00:12"
         assert app.screen.query_one(StepPanel).step.step == 4
@@ -123,7 +126,12 @@ async def test_fits_80x24() -> None:
         assert table.narrow and "role" not in table.shown_columns and "routing" not in table.shown_columns
         assert table.region.height >= 5
         assert table.virtual_size.width <= table.scrollable_content_region.width  # no sideways scrolling
-        assert app.screen.query_one("#history", ViewTable).region.bottom <= 23
+        history = app.screen.query_one("#history", ViewTable)
+        assert history.region.bottom <= 23
+        assert history.narrow and history.virtual_size.width <= history.scrollable_content_region.width
+        learning = app.screen.query_one(LearningPanel)
+        assert learning.region.bottom <= 23 and learning.region.x >= history.region.right  # side by side
+        assert all(len(line) <= learning.content_size.width for line in str(learning.render()).splitlines())
         await pilot.resize_terminal(120, 35)
         await pilot.pause()
         assert not table.narrow and table.get_cell("serving-1", "role").plain == "serving"

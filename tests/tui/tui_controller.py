@@ -93,6 +93,11 @@ def make_snapshot(t: float = 12.0, *, step: int = 4, finished: bool = False) -> 
             turns_in_flight=0,
             turns_queued=0,
             reward_mean=0.1 * s,
+            success_rate=0.25 * s,
+            eval_success=0.5 if s % 2 == 1 else None,
+            rollout_seconds=2.0 + 0.5 * s,
+            train_seconds=0.6,
+            sync_seconds=0.2 + 0.05 * s,
         )
         for s in range(max(0, step - 6), step)
     ]

@@ -1,4 +1,5 @@
-"""The one screen: header, step and serving SLO side by side, executors, step history, key bar."""
+"""The one screen: header, step and serving SLO side by side, executors, step history beside the learning
+sparklines, key bar."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from rose_tui.learning import LearningView
 from rose_tui.link import LinkState, LinkView
 from rose_tui.view import (
     EXECUTOR_COLUMNS,
@@ -19,11 +21,14 @@ from rose_tui.view import (
     TableRow,
     WeightSyncView,
 )
-from rose_tui.widgets import ErrorBanner, SloGauge, StatusHeader, StepPanel, ViewTable
+from rose_tui.widgets import ErrorBanner, LearningPanel, SloGauge, StatusHeader, StepPanel, ViewTable
 
 NARROW_WIDTH = 96
 """Below this many cells the executor table drops its least needed columns (role is implied by KV "-")."""
 NARROW_HIDDEN = ("role", "guard", "routing", "prefix")
+HISTORY_NARROW_WIDTH = 60
+"""Beside the learning panel on an 80-column terminal the history table keeps step, phase, trajectories, reward."""
+HISTORY_NARROW_HIDDEN = ("weights", "turns")
 
 
 class DashboardScreen(Screen[None]):
@@ -37,6 +42,7 @@ class DashboardScreen(Screen[None]):
     tpot: reactive[SloGaugeView] = reactive(SloGaugeView("TPOT"))
     weight_sync: reactive[WeightSyncView] = reactive(WeightSyncView())
     history: reactive[tuple[TableRow, ...]] = reactive(())
+    learning: reactive[LearningView] = reactive(LearningView())
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="header").data_bind(DashboardScreen.header, DashboardScreen.link)
@@ -49,7 +55,11 @@ class DashboardScreen(Screen[None]):
         yield ViewTable(
             EXECUTOR_COLUMNS, narrow_width=NARROW_WIDTH, narrow_hidden=NARROW_HIDDEN, id="executors"
         ).data_bind(view_rows=DashboardScreen.executors)
-        yield ViewTable(HISTORY_COLUMNS, id="history").data_bind(view_rows=DashboardScreen.history)
+        with Horizontal(id="lower"):
+            yield ViewTable(
+                HISTORY_COLUMNS, narrow_width=HISTORY_NARROW_WIDTH, narrow_hidden=HISTORY_NARROW_HIDDEN, id="history"
+            ).data_bind(view_rows=DashboardScreen.history)
+            yield LearningPanel(id="learning").data_bind(DashboardScreen.learning)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -65,6 +75,7 @@ class DashboardScreen(Screen[None]):
         self.tpot = view.tpot
         self.weight_sync = view.weight_sync
         self.history = view.history
+        self.learning = view.learning
 
     def watch_link(self, link: LinkView) -> None:
         """Dim what is shown while it is stale."""

@@ -24,6 +24,7 @@ from rose_tui.formatting import (
     ratio_level,
     slo_level,
 )
+from rose_tui.learning import LearningView, learning_view
 
 TREND_LENGTH = 120
 """Samples kept for the latency sparklines: one per snapshot, a minute at the 0.5 s cadence."""
@@ -161,6 +162,7 @@ class DashboardView:
     tpot: SloGaugeView = SloGaugeView("TPOT")
     weight_sync: WeightSyncView = WeightSyncView()
     history: tuple[TableRow, ...] = ()
+    learning: LearningView = field(default_factory=LearningView)
 
 
 class DashboardModel:
@@ -203,6 +205,7 @@ class DashboardModel:
             ),
             weight_sync=weight_sync_view(snapshot),
             history=tuple(history_row(s) for s in reversed(snapshot.history)),
+            learning=learning_view(snapshot.history),
         )
 
     def executor_row(self, e: ExecutorStatus, snapshot: StatusSnapshot) -> TableRow:
