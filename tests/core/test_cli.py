@@ -54,3 +54,29 @@ def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, mi
     result = CliRunner().invoke(main, ["run", "--steps", "1"])
     assert result.exit_code == 2
     assert f"pip install {install}" in result.output and "Traceback" not in result.output
+
+
+def test_resume_from_a_directory_without_checkpoints_names_the_fix(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", "--steps", "2", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert str(tmp_path) in result.output and "Traceback" not in result.output
+
+
+def test_resume_from_a_checkpoint_past_the_last_step_asks_for_more_steps(tmp_path: Path) -> None:
+    from rose_core.rl.checkpoint_dir import OPTIMIZER_FILE, POLICY_FILE, CheckpointState, write_checkpoint
+
+    def fill(folder: Path) -> None:
+        (folder / POLICY_FILE).write_bytes(b"p")
+        (folder / OPTIMIZER_FILE).write_bytes(b"o")
+
+    write_checkpoint(tmp_path, CheckpointState(step=3, weight_version=3), fill, keep=1)
+    result = CliRunner().invoke(main, ["run", "--steps", "3", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "after step 3" in result.output and "--steps above 3" in result.output
+
+
+def test_plot_without_matplotlib_names_the_extra_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(main, ["run", "--steps", "1", "--plot", "run.png"])
+    assert result.exit_code == 2, result.output
+    assert "rose-core[sim]" in result.output and "Traceback" not in result.output

@@ -91,10 +91,14 @@ def _job_config(opts: JobOptions) -> RunConfig:
 
 
 def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
+    from rose_core.run.learning_curve import learning_curve
     from rose_core.run.rose_run import run as run_job
+    from rose_core.run.run_plot import plot_run, pyplot
     from rose_core.run.run_report import format_table, step_row, sync_summary
 
     config = _job_config(opts)
+    if opts.plot_path:
+        pyplot()  # before the run: a missing extra fails first, not after the last step
     as_json = opts.as_json
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
     live = sys.stderr.isatty() and not as_json
@@ -126,6 +130,11 @@ def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
         click.echo(json.dumps(data, indent=2))
     else:
         _print_summary(data, opts.report_path, sync_summary(report.steps))
+        if report.steps:
+            click.echo("\n" + "\n".join(learning_curve(report.steps)))
+    if opts.plot_path and report.steps:
+        plot_run(report.steps, Path(opts.plot_path))
+        say(f"plot: {opts.plot_path}")
     sys.exit(0 if report.ok else 1)
 
 
