@@ -52,11 +52,16 @@ def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> Non
 
 
 def test_the_algorithm_fills_the_loss_fields_left_unset() -> None:
-    grpo = RunConfig().rl
-    assert (grpo.algorithm, grpo.clip_low, grpo.clip_high, grpo.loss_agg) == ("grpo", 0.2, 0.2, "seq_mean_token_mean")
+    grpo = parse_toml(b"[rl]\nalgorithm = 'grpo'\n", RunConfig).rl
+    assert (grpo.clip_low, grpo.clip_high, grpo.loss_agg, grpo.dynamic_sampling) == (0.2, 0.2, "seq_mean_token_mean",
+                                                                                      False)
     assert (grpo.kl_coef, grpo.tis_cap, grpo.advantage_std_norm, grpo.overlong_buffer_tokens) == (0.0, 2.0, True, 0)
     dapo = parse_toml(b"[rl]\nalgorithm = 'dapo'\n", RunConfig)
-    assert (dapo.rl.clip_low, dapo.rl.clip_high, dapo.rl.loss_agg) == (0.2, 0.28, "token_mean")
+    assert (dapo.rl.clip_low, dapo.rl.clip_high, dapo.rl.loss_agg, dapo.rl.dynamic_sampling) == (0.2, 0.28,
+                                                                                                 "token_mean", True)
+    assert RunConfig().rl.algorithm == "dapo"  # the demo's default (docs/rl_sweep.md)
+    off = parse_toml(b"[rl]\nalgorithm = 'dapo'\ndynamic_sampling = false\n", RunConfig)
+    assert off.rl.dynamic_sampling is False
     assert parse_toml(dump_toml(dapo), RunConfig) == dapo
     mine = parse_toml(b"[rl]\nalgorithm = 'dapo'\nclip_high = 0.3\nloss_agg = 'seq_mean_token_sum_norm'\n", RunConfig)
     assert (mine.rl.clip_low, mine.rl.clip_high, mine.rl.loss_agg) == (0.2, 0.3, "seq_mean_token_sum_norm")
@@ -67,7 +72,8 @@ def test_loss_settings_come_from_the_rl_section() -> None:
     settings = LossSettings.from_config(rl)
     assert settings == LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.01, tis_cap=3.0,
                                     max_response_tokens=rl.max_tokens_per_turn)
-    assert LossSettings.from_config(RLConfig()) == LossSettings(max_response_tokens=RLConfig().max_tokens_per_turn)
+    grpo = RLConfig(algorithm="grpo")
+    assert LossSettings.from_config(grpo) == LossSettings(max_response_tokens=grpo.max_tokens_per_turn)
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -138,7 +138,8 @@ def make_job(tmp_path: Path) -> Iterator[Any]:
     made: list[Controller] = []
 
     def make(policy: Any, *, staleness: int = 0, **rl: Any) -> tuple[RLJob, Executor, Trainer]:
-        rl_config = RLConfig(**{"steps": 3, "prompts_per_step": 2, "group_size": 2, "max_turns": 2,
+        rl_config = RLConfig(**{"steps": 3, "prompts_per_step": 2, "group_size": 2, "max_turns": 2, "algorithm": "grpo",
+                                "eval_every": 0,
                                 "max_tokens_per_turn": 8, **rl})
         config = RunConfig(rl=rl_config, scheduler=SchedulerConfig(staleness=staleness), run_dir=str(tmp_path))
         ctl = Controller(config, SECRET, server=InProcessServer(SECRET))

@@ -127,20 +127,23 @@ def validate_policy_loss(*, clip_low: float, clip_high: float, loss_agg: str, kl
 
 
 class RLConfig(ConfigSection):
-    steps: int = 3
+    """The RL job. The defaults are the README demo's, chosen so that it visibly learns within a few minutes
+    on 2 cores (`tools/learning_sweep.py`, `docs/rl_sweep.md`; measured live: `docs/rl.md`)."""
+
+    steps: int = 18
     prompts_per_step: int = 3
     group_size: int = 4
     max_turns: int = 4
     max_tokens_per_turn: int = 8
     max_context_tokens: int = 512
     temperature: float = 1.0
-    lr: float = 1e-3
+    lr: float = 3e-3
     epochs: int = 2
     env_size: int = 4
     seed: int = 0
     turn_timeout_s: float = 120.0
     weight_sync_timeout_s: float = 120.0
-    algorithm: str = "grpo"
+    algorithm: str = "dapo"
     """``grpo`` or ``dapo``: the defaults of ``clip_low``, ``clip_high`` and ``loss_agg`` (``ALGORITHMS``)."""
     clip_low: float = 0.0
     """PPO clip below: the ratio new/proximal is kept >= 1 - clip_low. 0: the algorithm's (0.2)."""
@@ -164,7 +167,7 @@ class RLConfig(ConfigSection):
     in their place, at most ``max_refill_rounds`` times a step. None: the algorithm's (dapo on, grpo off)."""
     max_refill_rounds: int = 2
     """Refill rounds of dynamic sampling per step (the step trains on what it has after the last)."""
-    eval_every: int = 0
+    eval_every: int = 6
     """Every this many steps, play ``eval_maps`` held-out maps greedily (temperature 0) beside the step's
     rollout and report ``eval_success``. 0: never."""
     eval_maps: int = 8
