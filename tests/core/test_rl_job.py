@@ -20,7 +20,7 @@ from rose_core.config import RLConfig, RunConfig, SchedulerConfig
 from rose_core.controller.controller import Controller
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.rl.sample import TrainSample
-from rose_core.run.rl_job import EVAL_SEED_BASE, RLJob, sampling_seed
+from rose_core.run.rl_job import EVAL_SEED_BASE, RLJob
 from rose_core.weights import EngineLayout
 
 SECRET = b"k" * 32
@@ -234,11 +234,3 @@ def test_resume_ships_the_restored_weights_and_goes_on_with_the_next_version(mak
     report = resumed.run_step(after + 1)
     assert report.published_version == 3 and report.weight_version == 2
     assert {(r.min_version, r.max_version) for r in executor.requests} == {(2, 2)}
-
-
-def test_every_turn_samples_with_a_seed_of_the_run_seed_and_the_turn(make_job: Any) -> None:
-    job, executor, _ = make_job(always("up"), steps=1, seed=7)
-    job.run_step(1)
-    seeds = {r.turn_id: r.sampling.seed for r in executor.requests}
-    assert seeds == {tid: sampling_seed(7, tid) for tid in seeds} and len(set(seeds.values())) == len(seeds)
-    assert sampling_seed(7, "s1-p0-g0/t0") != sampling_seed(8, "s1-p0-g0/t0")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,11 +308,10 @@ class RLJob:
         lo, hi = rollout.window
         prompt = np.asarray(rollout.episodes[trajectory_id].prompt(), dtype=np.int32)
         temperature = 0.0 if trajectory_id in rollout.evals else rl.temperature
-        turn_id = f"{trajectory_id}/t{k}"
-        sampling = SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=temperature,
-                                  seed=sampling_seed(rl.seed, turn_id))
-        payload = TurnPayload(prompt, sampling, rollout.step)
-        self.controller.submit_turn(TurnTicket(turn_id, trajectory_id, lo, hi, time.monotonic(), payload=payload))
+        payload = TurnPayload(prompt, SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=temperature),
+                              rollout.step)
+        self.controller.submit_turn(TurnTicket(f"{trajectory_id}/t{k}", trajectory_id, lo, hi,
+                                               time.monotonic(), payload=payload))
 
     def _drive(self, rollout: _Rollout, deadline: float) -> None:
         last_progress = 0.0
@@ -437,12 +435,6 @@ def _train_figures(stats: Any) -> dict[str, float | None]:
         value = getattr(stats, name, None)
         out[name] = None if value is None else float(value)
     return out
-
-
-def sampling_seed(seed: int, turn_id: str) -> int:
-    """The engine's sampling seed for one turn: a function of the run's seed and the turn, so `--seed N` fixes
-    what every turn samples (given its weights), wherever it runs and however often it is re-routed."""
-    return zlib.crc32(f"{seed}/{turn_id}".encode())
 
 
 def _share(flags: Iterable[bool]) -> float:
