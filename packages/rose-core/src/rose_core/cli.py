@@ -38,7 +38,7 @@ def job_options(command: Callable[..., None]) -> Callable[..., None]:
     options = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file over the defaults."),
         click.option("--steps", type=click.IntRange(min=1), help="RL steps to run (overrides rl.steps)."),
-        click.option("--seed", type=int, help="Seed of every generator: maps, sampling, trainer (overrides rl.seed)."),
+        click.option("--seed", type=int, help="Seed of the maps and the trainer (overrides rl.seed; docs/rl.md, Seeds)."),
         click.option("--resume", "resume_path", type=click.Path(exists=True),
                      help="Continue from this checkpoint (a step-NNNNNN folder, or the newest in a directory)."),
         click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the JSON report here."),
