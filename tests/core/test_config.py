@@ -41,6 +41,8 @@ def test_partial_config_overrides_only_what_it_names() -> None:
         (b"[rl]\ntis_cap = 0.5\n", "`tis_cap` 0.5 must be >= 1"),
         (b"[rl]\noverlong_buffer_tokens = 9\n", "`overlong_buffer_tokens` 9 must be <= `max_tokens_per_turn` 8"),
         (b"[rl]\noverlong_penalty = -1.0\n", "`overlong_penalty` must be >= 0"),
+        (b"[rl]\nenv = ''\n", "`env` '' is not an entry-point name"),
+        (b"[rl]\nenv = 'frozen lake'\n", "`env` 'frozen lake' is not an entry-point name"),
     ],
 )
 def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> None:

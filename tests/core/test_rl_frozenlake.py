@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core.rl.frozenlake import ACTION_WORDS, HEADER, PROMPT_TAIL, FrozenLakeEnv, LakeRewards, parse_action
+from rose_core.config import RLConfig
+from rose_core.rl.frozenlake import (
+    ACTION_WORDS,
+    HEADER,
+    PROMPT_TAIL,
+    FrozenLakeEnv,
+    LakeRewards,
+    make_frozenlake,
+    parse_action,
+)
 from rose_core.rl.lake_map import GOAL, HOLE, START, generate_lake_map, manhattan, shortest_path_length
 
 
@@ -87,7 +96,7 @@ def test_walking_a_shortest_path_reaches_the_goal() -> None:
         env.reset()
         path = _safe_path(env)
         outcomes = [env.step(action) for action in path]
-        assert outcomes[-1].done and outcomes[-1].reward == 1.0
+        assert outcomes[-1].done and outcomes[-1].reward == 1.0 and env.success and env.reached_goal
         assert all(o.valid and round(o.reward, 6) in (0.05, 0.15) for o in outcomes[:-1])
         assert "goal" in outcomes[-1].observation and not outcomes[-1].observation.endswith(PROMPT_TAIL)
 
@@ -123,6 +132,20 @@ def test_falling_into_a_hole_ends_with_zero() -> None:
                 assert "hole" in outcome.observation
                 return
     pytest.fail("no map with a hole next to the start in 200 seeds")
+
+
+def test_falling_into_a_hole_or_running_out_of_moves_is_no_success() -> None:
+    env = FrozenLakeEnv(seed=2, max_turns=2)
+    env.reset()
+    while not env.done:
+        env.step("nothing")
+    assert not env.success and not env.reached_goal
+
+
+def test_the_factory_reads_the_map_size_and_the_move_budget_from_the_rl_section() -> None:
+    env = make_frozenlake(9, RLConfig(env_size=5, max_turns=6))
+    assert (env.seed, len(env.lake.rows), env.max_turns) == (9, 5, 6)
+    assert env.lake == FrozenLakeEnv(seed=9, size=5, max_turns=6).lake
 
 
 def test_wall_bump_is_valid_and_stays() -> None:

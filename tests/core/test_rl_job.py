@@ -18,6 +18,7 @@ import pytest
 from rose_core import messages as m
 from rose_core.config import RLConfig, RunConfig, SchedulerConfig
 from rose_core.controller.controller import Controller
+from rose_core.errors import RoseError
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.rl.sample import TrainSample
 from rose_core.run.rl_job import EVAL_SEED_BASE, RLJob
@@ -216,6 +217,20 @@ def test_evaluation_plays_held_out_maps_greedily_and_never_trains_on_them(make_j
     assert all(r.sampling.temperature == 0.0 for r in evals)
     assert all("-eval" not in s.trajectory_id for call in trainer.calls for s in call["samples"])
     assert EVAL_SEED_BASE > 2 * 1_000_003 + 2 * 1000  # held-out seeds never meet training ones
+
+
+def test_the_job_plays_the_environment_named_in_rl_env(make_job: Any, lake_plugin: Path) -> None:
+    job, executor, _ = make_job(always("right"), env="corridor", env_size=3, max_turns=2, eval_every=1, eval_maps=2,
+                                steps=1)
+    report = job.run_step(1)
+    assert report.success_rate == 1.0 and report.eval_success == 1.0 and report.lost_trajectories == 0
+    prompts = [CharCodec().decode(r.prompt_token_ids.tolist()) for r in executor.requests]
+    assert all(p.startswith("Corridor: walk to the exit") for p in prompts) and len(prompts) > 4
+
+
+def test_an_unknown_environment_stops_the_job_before_it_starts(make_job: Any) -> None:
+    with pytest.raises(RoseError, match=r"no environment 'nope' .*\(installed: frozenlake\): pip install"):
+        make_job(always("up"), env="nope")
 
 
 def test_checkpoints_every_n_steps_and_after_the_last(make_job: Any, tmp_path: Path) -> None:

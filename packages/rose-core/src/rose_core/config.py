@@ -16,6 +16,7 @@ import msgspec
 from rose_core.config_support import (
     ConfigSection,
     load_toml,
+    require_entry_point_name,
     require_fraction,
     require_non_negative,
     require_port,
@@ -179,6 +180,9 @@ class RLConfig(ConfigSection):
     """Where checkpoints go; empty: ``<run_dir>/checkpoints``."""
     checkpoint_keep: int = 3
     """Complete checkpoints kept (older ones are deleted once a new one is written)."""
+    env: str = "frozenlake"
+    """The environment played: a built-in (``frozenlake``) or a ``rose.environments`` entry point of an
+    installed package (``rose_core.rl.environments``; resolved when the job starts)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -204,6 +208,7 @@ class RLConfig(ConfigSection):
         require_non_negative(max_refill_rounds=self.max_refill_rounds, eval_every=self.eval_every,
                              checkpoint_every=self.checkpoint_every)
         require_positive(eval_maps=self.eval_maps, checkpoint_keep=self.checkpoint_keep)
+        require_entry_point_name(env=self.env)
 
     def _apply_algorithm(self) -> None:
         preset = ALGORITHMS.get(self.algorithm)

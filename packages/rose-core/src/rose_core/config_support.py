@@ -11,6 +11,7 @@ names the source, the field and the fix.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -23,6 +24,7 @@ T = TypeVar("T")
 SHOW_HINT = "`rose config show` lists every field"
 """The default fix appended to a field error: where to look up the fields."""
 MAX_PORT = 65535
+ENTRY_POINT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 
 
 class ConfigSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -100,6 +102,16 @@ def require_open_fraction(**values: float) -> None:
 def require_port(**values: int) -> None:
     """``ValueError`` naming the first value that is not a TCP port or 0 (0: pick a free one)."""
     _require(lambda v: 0 <= v <= MAX_PORT, f"in 0..{MAX_PORT}", values)
+
+
+def require_entry_point_name(**values: str) -> None:
+    """``ValueError`` naming the first value that cannot be an entry point's name (a letter, then letters,
+    digits, ``_``, ``-`` or ``.``); whether one is installed is checked when it is loaded."""
+    for name, value in values.items():
+        if not ENTRY_POINT_NAME.fullmatch(value):
+            raise ValueError(
+                f"`{name}` {value!r} is not an entry-point name: use a letter, then letters, digits, `_`, `-` or `.`"
+            )
 
 
 def _require(ok: Callable[[float], bool], condition: str, values: Mapping[str, float]) -> None:

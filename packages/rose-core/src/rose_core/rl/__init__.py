@@ -1,10 +1,13 @@
-"""The RL loop's pieces: a multi-turn environment, trajectories, GRPO / DAPO advantages, shaping and filters, the
-policy loss's settings, and (with ``rose-core[train]``) the tiny models of the embedded demo and a reference trainer
-(``rose_core.rl.trainer``, imported on its own, with its loss in ``rose_core.rl.policy_loss``)."""
+"""The RL loop's pieces: the environment protocol and its registry (FrozenLake built in), trajectories,
+GRPO / DAPO advantages, shaping and filters, the policy loss's settings, and (with ``rose-core[train]``) the tiny
+models of the embedded demo and a reference trainer (``rose_core.rl.trainer``, imported on its own, with its loss
+in ``rose_core.rl.policy_loss``)."""
 
 from rose_core.rl.conversation import Conversation, assemble_prompt
+from rose_core.rl.environment import Environment, EnvironmentFactory, StepOutcome
+from rose_core.rl.environments import load_environment
 from rose_core.rl.episode import Episode
-from rose_core.rl.frozenlake import FrozenLakeEnv, LakeRewards, StepOutcome, parse_action
+from rose_core.rl.frozenlake import FrozenLakeEnv, LakeRewards, make_frozenlake, parse_action
 from rose_core.rl.grpo import (
     build_samples,
     build_samples_from_config,
@@ -20,6 +23,8 @@ from rose_core.rl.trajectory import Trajectory, Turn
 
 __all__ = [
     "Conversation",
+    "Environment",
+    "EnvironmentFactory",
     "Episode",
     "FrozenLakeEnv",
     "LakeRewards",
@@ -36,7 +41,9 @@ __all__ = [
     "ensure_models",
     "group_advantages",
     "informative_groups",
+    "load_environment",
     "load_tokenizer",
+    "make_frozenlake",
     "normalize_group",
     "overlong_shaping",
     "parse_action",

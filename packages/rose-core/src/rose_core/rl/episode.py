@@ -1,4 +1,5 @@
-"""One trajectory in progress: a FrozenLake episode, its token conversation and the turns it produced.
+"""One trajectory in progress: an environment's episode (``rose_core.rl.environment.Environment``), its token
+conversation and the turns it produced.
 
 Pure and clock-free: the caller samples each prompt wherever it likes and hands back the tokens.
 """
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 from rose_core.rl.codec import TextCodec
 from rose_core.rl.conversation import Conversation
-from rose_core.rl.frozenlake import FrozenLakeEnv, StepOutcome
+from rose_core.rl.environment import Environment, StepOutcome
 from rose_core.rl.trajectory import Trajectory, Turn
 
 
@@ -22,7 +23,7 @@ class Episode:
         self,
         trajectory_id: str,
         group_id: str,
-        env: FrozenLakeEnv,
+        env: Environment,
         codec: TextCodec,
         max_prompt_tokens: int = 1024,
     ) -> None:
@@ -63,7 +64,7 @@ class Episode:
         )
         self._pending = None
         if outcome.done:
-            self.trajectory.finish(success=self._env.reached_goal)
+            self.trajectory.finish(success=self._env.success)
         else:
             self._conversation.add_response(response)
             self._conversation.add_observation(self._codec.encode(outcome.observation))

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from rose_core.rl.environment import StepOutcome
 from rose_core.rl.lake_map import GOAL, HOLE, MOVES, Cell, LakeMap, generate_lake_map, manhattan
+
+if TYPE_CHECKING:
+    from rose_core.config import RLConfig
 
 ACTION_WORDS: tuple[str, ...] = tuple(MOVES)
 """The words a response may contain; the first one found is the move."""
@@ -40,14 +45,6 @@ class LakeRewards:
             raise ValueError(f"goal reward {self.goal} must exceed every other step reward: raise it")
         if self.invalid > 0.0:
             raise ValueError(f"invalid-action reward {self.invalid} must not be positive: use a penalty <= 0")
-
-
-@dataclass(slots=True, frozen=True)
-class StepOutcome:
-    observation: str
-    reward: float
-    done: bool
-    valid: bool
 
 
 def rendered_words_text() -> str:
@@ -102,6 +99,11 @@ class FrozenLakeEnv:
         """The player stands on the goal (the episode's success)."""
         return self.lake.cell(self._position) == GOAL
 
+    @property
+    def success(self) -> bool:
+        """The episode's success (``Environment.success``): the goal was reached."""
+        return self.reached_goal
+
     def reset(self) -> str:
         self._position = self.lake.start
         self._turns = 0
@@ -149,3 +151,8 @@ class FrozenLakeEnv:
         tail = "" if self._done else f"\n{PROMPT_TAIL}"
         observation = f"\n{feedback}\n{self.render()}{tail}"
         return StepOutcome(observation=observation, reward=reward, done=self._done, valid=valid)
+
+
+def make_frozenlake(seed: int, rl: RLConfig) -> FrozenLakeEnv:
+    """The ``rose.environments`` entry ``frozenlake``: a ``rl.env_size`` square map, ``rl.max_turns`` moves."""
+    return FrozenLakeEnv(seed=seed, size=rl.env_size, max_turns=rl.max_turns)

@@ -35,8 +35,8 @@ from rose_core.controller.controller_metrics import STEP_SECONDS
 from rose_core.controller.weight_sync import SyncBreakdown
 from rose_core.messages import SamplingParams, StepStarted, StepStatus
 from rose_core.rl.codec import TextCodec
+from rose_core.rl.environments import load_environment
 from rose_core.rl.episode import Episode
-from rose_core.rl.frozenlake import FrozenLakeEnv
 from rose_core.rl.grpo import build_samples_from_config, informative_groups
 from rose_core.rl.sample import TrainSample
 from rose_core.rl.trajectory import Trajectory
@@ -156,6 +156,7 @@ class RLJob:
         self.watchdog = watchdog or (lambda: None)
         self.on_progress = on_progress or (lambda _status: None)
         self.relays = dict(relays or {})
+        self.make_env = load_environment(config.rl.env)
         self.version = 0
         self._rollout: _Rollout | None = None
         self._next: _Rollout | None = None
@@ -282,7 +283,7 @@ class RLJob:
 
     def _add_episode(self, rollout: _Rollout, tid: str, group: str, seed: int) -> None:
         rl = self.config.rl
-        env = FrozenLakeEnv(seed=seed, size=rl.env_size, max_turns=rl.max_turns)
+        env = self.make_env(seed, rl)
         rollout.episodes[tid] = Episode(tid, group, env, self.codec, rl.max_context_tokens)
         rollout.open.add(tid)
         self._submit_turn(rollout, tid)
