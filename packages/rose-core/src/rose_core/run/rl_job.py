@@ -93,7 +93,7 @@ class StepReport:
     prefix_hit_ratio: dict[str, float] = field(default_factory=dict)
     """Per pool (dedicated, serving): this step's accepted turns' prompt tokens served from the prefix cache."""
     success_rate: float = 0.0
-    """Trajectories that reached the goal / trajectories trained on."""
+    """Trajectories whose environment reported success (FrozenLake: the goal reached) / trajectories rolled out."""
     eval_success: float | None = None
     """Greedy success on the held-out maps (``rl.eval_every``; None on steps that did not evaluate)."""
     train: dict[str, float | None] = field(default_factory=dict)
