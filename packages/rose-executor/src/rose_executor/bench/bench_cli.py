@@ -54,7 +54,16 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
     type=click.Path(file_okay=False),
     help="Where the tiny models are generated (once).",
 )
-def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, models_dir: str) -> None:
+@click.option(
+    "--device-model",
+    default="batch",
+    show_default=True,
+    type=click.Choice(["cfs", "batch"]),
+    help="How the engines' workers share their core: batch = SCHED_BATCH, no wakeup preemption (serving waits "
+    "for the rollout worker's slice, like work on a time-sliced GPU); cfs = the kernel's default (a waking "
+    "serving worker preempts the rollout at once, doing the guard's job).",
+)
+def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, models_dir: str, device_model: str) -> None:
     """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load.
 
     The rollout engine (chunked prefill, 512-token chunks) runs 16 turns of 512-895-token prompts and 128
@@ -65,7 +74,7 @@ def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, mode
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from rose_executor.bench.co_serving_bench import run_bench
 
-    result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple, repeats)))
+    result = _with_stdout_on_stderr(lambda: asyncio.run(run_bench(Path(models_dir), seconds, slo_multiple, repeats, device_model)))
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

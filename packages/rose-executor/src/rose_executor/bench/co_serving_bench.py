@@ -10,7 +10,8 @@ profiles; ticks every 10 ms and at once on a serving arrival or finish; the p99 
 figures show the per-tick policy alone). Each co-located window starts once the rollout load is in its steady
 state (``ROLLOUT_CONCURRENCY`` turns finished); rollout throughput is every token generated in the window
 (the rollout engine's stat logger), and each engine's device time is its workers' CPU time (``worker_cpu``).
-No prompt recurs anywhere in the bench (rollout or serving): a window is never served from the prefix cache
+Both engines' workers run under ``SCHED_BATCH`` by default (``DEVICE_MODELS``): without it the kernel's
+wakeup preemption hands the core to a waking serving worker at once, which no GPU does. No prompt recurs anywhere in the bench (rollout or serving): a window is never served from the prefix cache
 an earlier window filled (before, every window replayed the same prompt sequence, and most windows' rollout
 prefill was a cache hit: the contention came and went between runs).
 
@@ -48,7 +49,7 @@ from rose_executor.bench.worker_cpu import WorkerCpu, descendants
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput
-from rose_executor.engine.latency_profile import EngineProfile, load_or_profile
+from rose_executor.engine.latency_profile import EngineProfile, default_cache_dir, load_or_profile
 from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,8 @@ class Rig:
     rollout_tokens: TokenCounter
     prompt_seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     """Seeds of the rollout prompts, one per turn over the whole bench (see ``RolloutLoad``)."""
+    device_model: str = "batch"
+    """``DEVICE_MODELS``: how the workers share the core (set on them by ``run_bench``)."""
     serving_seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1_000_000))
     """Seeds of the serving prompts, one per request over the whole bench (see ``serving_traffic``)."""
 
@@ -306,9 +309,18 @@ def attainment(finished: Sequence[tuple[float, float]], ttft: float, tpot: float
     return ok / len(finished) if finished else 1.0
 
 
+DEVICE_MODELS = ("batch", "cfs")
+"""How the two engines' workers share their core: ``batch`` (the default), both under ``SCHED_BATCH`` (no wakeup
+preemption: serving waits for the rollout worker's slice, like work queued on a time-sliced GPU behind a running
+kernel); ``cfs``, the kernel's default (a serving worker that wakes preempts the rollout worker at once, so the
+CPU itself already favours serving and co-location without the guard costs serving almost nothing)."""
+
+
 async def run_bench(
-    models_dir: Path, seconds: float, slo_multiple: float = SLO_MULTIPLE, repeats: int = 3
+    models_dir: Path, seconds: float, slo_multiple: float = SLO_MULTIPLE, repeats: int = 3, device_model: str = "batch"
 ) -> dict[str, Any]:
+    if device_model not in DEVICE_MODELS:
+        raise ValueError(f"device model {device_model!r} is not one of {DEVICE_MODELS}")
     from rose_core.rl.models import ensure_models
     from rose_executor.engine.vllm_engine import VllmEngine
 
@@ -330,8 +342,13 @@ async def run_bench(
             observer=counter,
         )
         try:
-            rig = Rig(serving, rollout, serving_cpu, WorkerCpu.spawned_since(before), counter)
-            return await _bench(rig, seconds, slo_multiple, repeats)
+            rig = Rig(serving, rollout, serving_cpu, WorkerCpu.spawned_since(before), counter, device_model=device_model)
+            if device_model == "batch":
+                threads = rig.serving_cpu.batch_scheduled() + rig.rollout_cpu.batch_scheduled()
+                log.info("device model: %d worker threads under SCHED_BATCH (no wakeup preemption)", threads)
+            result = await _bench(rig, seconds, slo_multiple, repeats)
+            result["device_model"] = device_model
+            return result
         finally:
             rollout.shutdown()
     finally:
@@ -340,7 +357,8 @@ async def run_bench(
 
 async def _bench(rig: Rig, seconds: float, slo_multiple: float, repeats: int) -> dict[str, Any]:
     alone_profile, rollout_profile = await load_or_profile(rig.serving), await load_or_profile(rig.rollout)
-    colocated = await load_or_profile_colocated(rig.serving, rig.rollout)
+    # the co-located profile depends on how the workers share the core: one cache per device model
+    colocated = await load_or_profile_colocated(rig.serving, rig.rollout, default_cache_dir() / f"bench-{rig.device_model}")
     cap = capacity_rps(alone_profile)
     runs: list[dict[str, Any]] = []
     alone = await _alone_windows(rig, seconds, cap)

@@ -8,6 +8,7 @@ around each window to say how much of the device serving needs at a load and wha
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import psutil
@@ -43,6 +44,24 @@ class WorkerCpu:
             except psutil.NoSuchProcess:
                 continue
         return cores or {0}
+
+    def batch_scheduled(self) -> int:
+        """Put every thread of the workers under ``SCHED_BATCH`` (no wakeup preemption: a worker that wakes
+        waits for the running one's time slice, as work queued on a time-sliced GPU does, instead of taking
+        the core at once as CFS gives a sleeper); returns the threads changed."""
+        changed = 0
+        for p in self._processes:
+            try:
+                threads = p.threads()
+            except psutil.NoSuchProcess:
+                continue
+            for thread in threads:
+                try:
+                    os.sched_setscheduler(thread.id, os.SCHED_BATCH, os.sched_param(0))
+                except ProcessLookupError:
+                    continue
+                changed += 1
+        return changed
 
     def seconds(self) -> float:
         total = 0.0
