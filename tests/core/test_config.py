@@ -120,3 +120,12 @@ def test_bad_clusters_name_the_problem(toml: bytes, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_toml(toml, RunConfig)
     assert needle in str(err.value)
+
+
+def test_the_model_section_names_local_directories_and_defaults_to_the_generated_ones() -> None:
+    assert (RunConfig().model.policy, RunConfig().model.serving) == ("", "")
+    config = parse_toml(b'[model]\npolicy = "/models/qwen2-0.5b"\n', RunConfig)
+    assert (config.model.policy, config.model.serving) == ("/models/qwen2-0.5b", "")
+    assert parse_toml(dump_toml(config), RunConfig) == config
+    with pytest.raises(ConfigError, match="field `model`: Object contains unknown field `polcy`"):
+        parse_toml(b'[model]\npolcy = "/models/x"\n', RunConfig)

@@ -32,6 +32,7 @@ __all__ = [
     "ControllerConfig",
     "ExecutorsConfig",
     "LoadConfig",
+    "ModelConfig",
     "RLConfig",
     "RunConfig",
     "SchedulerConfig",
@@ -272,6 +273,16 @@ class ExecutorsConfig(ConfigSection):
         require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity)
 
 
+class ModelConfig(ConfigSection):
+    """The models of the job: local Hugging Face directories (config.json, safetensors weights, tokenizer;
+    ``docs/controller.md``, "Your own models"); checked when the job starts (``rose_core.rl.model_dirs``)."""
+
+    policy: str = ""
+    """The policy that is trained and rolled out; empty: the generated tiny Llama under ``models_dir``."""
+    serving: str = ""
+    """The production model of the serving executors; empty: the generated tiny Qwen2 under ``models_dir``."""
+
+
 RELAY_START = "start"
 RELAY_NONE = "none"
 TRANSPORTS = ("tcp", "ucx")
@@ -308,9 +319,11 @@ class RunConfig(ConfigSection):
     rl: RLConfig = msgspec.field(default_factory=RLConfig)
     load: LoadConfig = msgspec.field(default_factory=LoadConfig)
     executors: ExecutorsConfig = msgspec.field(default_factory=ExecutorsConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     weight_publisher: str = "sparse"
     """Weight data plane from the `rose.weight_publishers` entry points: `sparse` (patches against the receiver's version) or `dense`."""
     models_dir: str = ".rose/models"
+    """Where the tiny demo models are generated (once, then cached) for the `[model]` fields left empty."""
     run_dir: str = ".rose/run"
     clusters: list[ClusterConfig] = msgspec.field(default_factory=list)
     """Where the executors sit (`[[clusters]]`); executors in none sit with the trainer."""

@@ -79,15 +79,17 @@ class ModelPaths:
 
 
 class TokenizerCodec:
-    """Text <-> ids over a ``tokenizers.Tokenizer``; ``encode`` adds no special tokens."""
+    """Text <-> ids over a ``tokenizers.Tokenizer``; ``encode`` adds no special tokens. ``bos``, ``eos`` and
+    ``pad`` name the special tokens (the demo's by default); no ``bos``: prompts start without one, no ``pad``:
+    padding uses ``eos``."""
 
     __slots__ = ("_tokenizer", "bos_id", "eos_id", "pad_id")
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, bos: str | None = BOS, eos: str = EOS, pad: str | None = PAD) -> None:
         self._tokenizer = tokenizer
-        self.bos_id: int | None = _token_id(tokenizer, BOS)
-        self.eos_id: int = _token_id(tokenizer, EOS)
-        self.pad_id: int = _token_id(tokenizer, PAD)
+        self.bos_id: int | None = None if bos is None else _token_id(tokenizer, bos)
+        self.eos_id: int = _token_id(tokenizer, eos)
+        self.pad_id: int = self.eos_id if pad is None else _token_id(tokenizer, pad)
 
     @property
     def vocab_size(self) -> int:
@@ -105,13 +107,36 @@ class TokenizerCodec:
 
 
 def load_tokenizer(path: Path) -> TokenizerCodec:
-    """The tokenizer saved in a model directory (``path/tokenizer.json``) or at ``path`` itself."""
+    """The tokenizer saved in a model directory (``path/tokenizer.json``) or at ``path`` itself; its special
+    tokens are the ones its ``tokenizer_config.json`` names, when it has one (else the demo's)."""
     with require_extra("tokenizers", TRAIN_EXTRA):
         import tokenizers
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise RoseError(f"no tokenizer at {file}: run ensure_models() or point at a model directory")
-    return TokenizerCodec(tokenizers.Tokenizer.from_file(str(file)))
+    return TokenizerCodec(tokenizers.Tokenizer.from_file(str(file)), **_special_tokens(file.parent))
+
+
+def _special_tokens(directory: Path) -> dict[str, Any]:
+    """``bos`` / ``eos`` / ``pad`` as ``tokenizer_config.json`` in ``directory`` names them (a string or
+    ``{"content": ...}``); the demo's when there is no such file."""
+    file = directory / "tokenizer_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        settings = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise RoseError(f"cannot read {file} ({exc}): re-save it with tokenizer.save_pretrained()") from exc
+    names = {key: _token_name(settings.get(f"{key}_token")) for key in ("bos", "eos", "pad")}
+    if names["eos"] is None:
+        raise RoseError(f"{file} names no eos_token: set it (the token that ends a turn) and re-save the tokenizer")
+    return names
+
+
+def _token_name(value: object) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 def ensure_models(cache_dir: Path) -> ModelPaths:
@@ -240,7 +265,10 @@ def _save_model(spec: TinyModelSpec, tokenizer: Tokenizer, directory: Path) -> N
 def _token_id(tokenizer: Tokenizer, token: str) -> int:
     found = tokenizer.token_to_id(token)
     if found is None:
-        raise RoseError(f"tokenizer has no {token} token: regenerate the models with ensure_models()")
+        raise RoseError(
+            f"the tokenizer has no {token} token: fix the special tokens of its tokenizer_config.json, or "
+            "regenerate the demo models with ensure_models()"
+        )
     return int(found)
 
 

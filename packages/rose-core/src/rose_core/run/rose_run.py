@@ -119,11 +119,11 @@ class Launch:
         self.load: LoadGenerator | None = None
 
     def start(self) -> tuple[Controller, WeightPublisher]:
-        from rose_core.rl.models import ensure_models
+        from rose_core.rl.model_dirs import resolve_models
 
         cfg = self.config
-        self.say(f"models: {Path(cfg.models_dir).resolve()} (generated once, then cached)")
-        models = ensure_models(Path(cfg.models_dir))
+        models = resolve_models(cfg)
+        self.say(f"models: policy {models.policy}, serving {models.serving}")
         self.controller = Controller(cfg, self.secret)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
         self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
@@ -266,10 +266,11 @@ def resume_point(path: Path, steps: int) -> int:
 
 def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublisher, load: LoadGenerator | None,
               launch: Launch, progress: Callable[[StepStatus], None] | None) -> RLJob:
-    from rose_core.rl.models import ensure_models, load_tokenizer
+    from rose_core.rl.model_dirs import resolve_models
+    from rose_core.rl.models import load_tokenizer
     from rose_core.rl.trainer import PolicyTrainer
 
-    models = ensure_models(Path(config.models_dir))
+    models = resolve_models(config)
     rl = config.rl
     trainer = PolicyTrainer.from_config(models.policy, rl)
     return RLJob(controller, config, load_tokenizer(models.policy), trainer, publisher, load,
