@@ -221,9 +221,9 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     directory of them, the newest is taken) to continue from: the run goes on with the step after it, up to
     ``rl.steps``.
     """
-    require_extras(need_executor=spawn)
     if resume is not None:
         resume_point(resume, config.rl.steps)  # a bad path fails before anything starts
+    require_extras(need_executor=spawn)
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
     launch = Launch(config, say, secret_file, spawn)
     with sigterm_as_interrupt():
