@@ -78,6 +78,17 @@ class LiveRun:
                 return
         raise AssertionError(f"no row for step {step} within {timeout_s:.0f} s: {self.tail()}")
 
+    def rows_so_far(self) -> int:
+        """The last step whose row the table has printed by now (0: none), reading what is queued."""
+        row = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s")
+        last = max((int(m.group(1)) for line in self.stdout if (m := row.match(line))), default=0)
+        while not self._lines.empty():
+            line = self._lines.get()
+            self.stdout.append(line)
+            if m := row.match(line):
+                last = int(m.group(1))
+        return last
+
     def executor_log(self, executor_id: str) -> str:
         path = self.work / "run" / "logs" / f"executor-{executor_id}.log"
         return path.read_text(errors="replace") if path.exists() else ""
