@@ -78,6 +78,25 @@ class LiveRun:
                 return
         raise AssertionError(f"no row for step {step} within {timeout_s:.0f} s: {self.tail()}")
 
+    def wait_for_line(self, pattern: str, timeout_s: float = 600) -> re.Match[str]:
+        """Until stdout printed a line matching ``pattern`` (searched); its match."""
+        wanted = re.compile(pattern)
+        for line in self.stdout:
+            if found := wanted.search(line):
+                return found
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"rose run ended before printing {pattern!r}: {self.tail()}") from None
+                continue
+            self.stdout.append(line)
+            if found := wanted.search(line):
+                return found
+        raise AssertionError(f"no line {pattern!r} within {timeout_s:.0f} s: {self.tail()}")
+
     def rows_so_far(self) -> int:
         """The last step whose row the table has printed by now (0: none), reading what is queued."""
         row = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s")

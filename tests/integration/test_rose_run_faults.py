@@ -25,9 +25,11 @@ from rose_executor.revoke_cli import find_executor
 
 from .rose_run_support import LiveRun, metric
 
-STEPS = 6
-"""Room for the bursts (they repeat until one crosses the watermark, over a step or more: steps are short)
-and a later step for the freeze."""
+STEPS = 7
+"""Room for the bursts (they repeat until one crosses the watermark with turns to abort, over a step or more:
+steps are short, and a cut that found nothing to abort freezes the budget until the next step) and a later
+step for the freeze."""
+ABORTED = re.compile(r"aborting [1-9]\d* rollout turns")
 ROLLOUT_TURN_BYTES = 300 * 512  # a turn's KV reservation at ~300 tokens (prompt + max_tokens), policy 512 B/token
 CONFIG = """
 models_dir = "{work}/models"
@@ -113,11 +115,12 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         run.wait_for_row(1)
         serving = run.logged("serving-0", r"metrics on (\S+)")
         endpoint = run.logged("serving-0", r"OpenAI-compatible API on (\S+)")
-        for _ in range(5):  # a burst while turns run beside it, until one crosses the watermark (it freezes after)
+        for _ in range(8):  # a burst while turns run beside it, until one crossing aborts turns (a cut that
+            # found none, the turns having just finished, freezes the budget: later bursts of that step cannot cut)
             run.until("rollout turns admitted on serving-0",
                       lambda: metric(serving, "rose_executor_rollout_tokens_admitted") > 0, every_s=0.005)
             burst(endpoint, requests=10, max_tokens=300)
-            if "crossed the high watermark" in run.executor_log("serving-0"):
+            if ABORTED.search(run.executor_log("serving-0")):
                 break
         run.wait_for_row(run.rows_so_far() + 1)  # the freeze goes into a step of its own, from its start
         dedicated = run.logged("dedicated-0", r"metrics on (\S+)")

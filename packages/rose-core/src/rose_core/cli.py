@@ -45,6 +45,8 @@ def job_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
                      help="Draw reward, success and step phases into this PNG (needs rose-core[sim])."),
         click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port)."),
+        click.option("--env", help="The environment (overrides rl.env): frozenlake, a rose.environments plugin, or "
+                                   "gateway (agents bring their turns; docs/gateway.md)."),
         click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table."),
     ]
     for option in reversed(options):
@@ -61,6 +63,7 @@ class JobOptions:
     report_path: str | None
     plot_path: str | None
     port: int | None
+    env: str | None
     as_json: bool
 
 
@@ -87,6 +90,8 @@ def _job_config(opts: JobOptions) -> RunConfig:
         config.rl.seed = opts.seed
     if opts.port is not None:
         config.controller.port = opts.port
+    if opts.env is not None:
+        config.rl.env = opts.env
     return config
 
 

@@ -25,12 +25,14 @@ from rose_core.config_support import (
 
 __all__ = [
     "ALGORITHMS",
+    "GATEWAY_ENV",
     "LOSS_AGGREGATIONS",
     "AlgorithmPreset",
     "ClusterConfig",
     "ConfigSection",
     "ControllerConfig",
     "ExecutorsConfig",
+    "GatewayConfig",
     "LoadConfig",
     "ModelConfig",
     "RLConfig",
@@ -182,8 +184,9 @@ class RLConfig(ConfigSection):
     checkpoint_keep: int = 3
     """Complete checkpoints kept (older ones are deleted once a new one is written)."""
     env: str = "frozenlake"
-    """The environment played: a built-in (``frozenlake``) or a ``rose.environments`` entry point of an
-    installed package (``rose_core.rl.environments``; resolved when the job starts)."""
+    """The environment played: a built-in (``frozenlake``), a ``rose.environments`` entry point of an
+    installed package (``rose_core.rl.environments``; resolved when the job starts), or ``gateway``: agents
+    bring their own turns through the rollout gateway (``[gateway]``)."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -250,6 +253,31 @@ class LoadConfig(ConfigSection):
         require_positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight)
         if any(s < 0 for s in self.endpoint_shares) or (self.endpoint_shares and sum(self.endpoint_shares) <= 0):
             raise ValueError("`endpoint_shares` must be >= 0 with a positive sum (one per serving executor)")
+
+
+GATEWAY_ENV = "gateway"
+"""``rl.env`` (or ``rose run --env gateway``): no built-in environment; agents bring their turns through the
+rollout gateway (``[gateway]``, ``docs/gateway.md``)."""
+
+
+class GatewayConfig(ConfigSection):
+    """The rollout gateway (``rl.env = "gateway"``): an OpenAI-compatible HTTP endpoint per session."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free one (printed: ``gateway http://HOST:PORT key-file PATH``)."""
+    key_file: str = ""
+    """The bearer key clients send (``api_key``); empty: a new one in ``<run_dir>/gateway.key``; an existing
+    file is used as it is."""
+    turn_timeout_s: float = 600.0
+    """A call whose turn has not finished by then gets a 504 (its prompt tokens are taken back)."""
+    step_timeout_s: float = 0.0
+    """A step that has not collected ``rl.prompts_per_step`` complete groups by then fails the run; 0: wait."""
+
+    def __post_init__(self) -> None:
+        require_port(port=self.port)
+        require_positive(turn_timeout_s=self.turn_timeout_s)
+        require_non_negative(step_timeout_s=self.step_timeout_s)
 
 
 class ExecutorsConfig(ConfigSection):
@@ -320,6 +348,7 @@ class RunConfig(ConfigSection):
     load: LoadConfig = msgspec.field(default_factory=LoadConfig)
     executors: ExecutorsConfig = msgspec.field(default_factory=ExecutorsConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
     weight_publisher: str = "sparse"
     """Weight data plane from the `rose.weight_publishers` entry points: `sparse` (patches against the receiver's version) or `dense`."""
     models_dir: str = ".rose/models"

@@ -29,6 +29,10 @@ class ServerEndpoint(Protocol):
 
     def recv(self, timeout: float | None = None) -> tuple[bytes, ToController] | None: ...
 
+    def wake(self) -> None:
+        """End the current ``recv`` wait now, from any thread."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -33,16 +33,22 @@ class Inbound(ABC, Generic[InT]):
     def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None) -> None:
         self._framer = framer
         self._on_message = on_message
-        self._inbox: queue.Queue[tuple[bytes, InT]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[bytes, InT] | None] = queue.Queue()
         self._notified: set[tuple[bytes, str]] = set()
         self.rejected = 0
 
     def recv(self, timeout: float | None = None) -> tuple[bytes, InT] | None:
-        """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds (never, with a callback)."""
+        """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds (never, with a callback) or
+        once ``wake`` was called."""
         try:
             return self._inbox.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def wake(self) -> None:
+        """Any thread: end the current (or next) ``recv`` wait now (it returns ``None``), so the receiving
+        thread handles local work (a gateway call) without waiting out its timeout."""
+        self._inbox.put(None)
 
     def _receive(self, peer: bytes, frames: Sequence[Any]) -> None:
         msg = self._open(peer, frames)

@@ -99,6 +99,9 @@ class Controller:
         self.executors: dict[str, ExecutorRecord] = {}
         self.stats = ControllerStats()
         self.on_result: Callable[[AcceptedTurn], None] | None = None
+        self.on_tick: Callable[[float], None] | None = None
+        """Called first in every tick, on the controller thread: local work such as gateway calls to submit
+        (``wake`` ends the wait for messages so it runs at once)."""
         self.step_status: StepStatus | None = None
         self.history: list[StepStatus] = []
         self.weight_sync = (0.0, 0)
@@ -129,7 +132,13 @@ class Controller:
             item = self.server.recv(0)
         self.tick(self.clock())
 
+    def wake(self) -> None:
+        """Any thread: run the next tick now (``on_tick`` has work), not after the wait for messages."""
+        self.server.wake()
+
     def tick(self, now: float) -> None:
+        if self.on_tick is not None:
+            self.on_tick(now)
         for worker_id in self.scheduler.find_stalled(now, self.config.controller.stall_timeout_s):
             log.warning("executor %s stalled (no heartbeat for %.1fs); its turns are re-routed",
                         worker_id, self.config.controller.stall_timeout_s)

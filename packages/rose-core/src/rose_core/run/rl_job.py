@@ -156,7 +156,7 @@ class RLJob:
         self.watchdog = watchdog or (lambda: None)
         self.on_progress = on_progress or (lambda _status: None)
         self.relays = dict(relays or {})
-        self.make_env = load_environment(config.rl.env)
+        self.make_env = self._environment()
         self.version = 0
         self._rollout: _Rollout | None = None
         self._next: _Rollout | None = None
@@ -164,6 +164,13 @@ class RLJob:
         self._link_before: dict[str, int] = {}
         self._prefix_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
         controller.on_result = self._on_result
+
+    def _environment(self) -> Any:
+        """The factory of the job's episodes (``rl.env``)."""
+        return load_environment(self.config.rl.env)
+
+    def close(self) -> None:
+        """Stop what the job started beside the controller (nothing here; the gateway job's server)."""
 
     # ---------------------------------------------------------------- one step
 

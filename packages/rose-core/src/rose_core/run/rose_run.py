@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
-from rose_core.config import RELAY_NONE, RELAY_START, RunConfig
+from rose_core.config import GATEWAY_ENV, RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.errors import MissingExtraError, RoseError
@@ -226,11 +226,12 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     require_extras(need_executor=spawn)
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
     launch = Launch(config, say, secret_file, spawn)
+    job: RLJob | None = None
     with sigterm_as_interrupt():
         try:
             controller, publisher = launch.start()
             load = launch.start_load()
-            job = _make_job(config, controller, publisher, load, launch, progress)
+            job = _make_job(config, controller, publisher, load, launch, progress, say)
             first = 1
             if resume is not None:
                 first = job.resume(resume) + 1
@@ -248,6 +249,8 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
             report.error = str(exc)
             raise
         finally:
+            if job is not None:
+                job.close()
             launch.stop()
     return report
 
@@ -265,7 +268,7 @@ def resume_point(path: Path, steps: int) -> int:
 
 
 def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublisher, load: LoadGenerator | None,
-              launch: Launch, progress: Callable[[StepStatus], None] | None) -> RLJob:
+              launch: Launch, progress: Callable[[StepStatus], None] | None, say: Say) -> RLJob:
     from rose_core.rl.model_dirs import resolve_models
     from rose_core.rl.models import load_tokenizer
     from rose_core.rl.trainer import PolicyTrainer
@@ -273,8 +276,17 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     models = resolve_models(config)
     rl = config.rl
     trainer = PolicyTrainer.from_config(models.policy, rl)
-    return RLJob(controller, config, load_tokenizer(models.policy), trainer, publisher, load,
-                 watchdog=launch.children.check_alive, on_progress=progress, relays=launch.relays)
+    args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
+    options: dict[str, Any] = {"watchdog": launch.children.check_alive, "on_progress": progress,
+                               "relays": launch.relays}
+    if rl.env != GATEWAY_ENV:
+        return RLJob(*args, **options)
+    from rose_core.run.gateway_job import GatewayJob
+
+    job = GatewayJob(*args, policy_dir=models.policy, **options)
+    say(f"gateway {job.server.url} key-file {job.key_path}")
+    say(f"waiting for {rl.prompts_per_step} groups of {rl.group_size} sessions per step (docs/gateway.md)")
+    return job
 
 
 def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any]:
