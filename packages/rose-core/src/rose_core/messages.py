@@ -316,6 +316,42 @@ class BucketData(_Msg, tag="bucket_data"):
     data: np.ndarray
 
 
+# ---------------------------------------------------------------- shard intake (trainer ranks -> publisher)
+
+
+class ShardOffer(_Msg, tag="shard_offer"):
+    """Rank ``rank`` of a tensor-parallel group of ``ranks`` offers its part of weight version
+    ``version``: its local tensors (``TensorEntry`` of its own layout; ``shard``: the spec text, the
+    same on every rank). No byte moves before every rank has offered a consistent layout."""
+
+    version: int
+    step: int
+    rank: int
+    ranks: int
+    tensors: list[TensorEntry]
+
+
+class ShardAccepted(_Msg, tag="shard_accepted"):
+    """Every rank offered a consistent layout: send the local bytes of ``send``, in that order (the
+    tensors this rank's bytes fill; a replicated tensor comes from one rank only), each tensor in
+    ``ShardPart``s of ``part_bytes`` (the last one shorter)."""
+
+    version: int
+    rank: int
+    send: list[str]
+    part_bytes: int
+
+
+class ShardPart(_Msg, tag="shard_part"):
+    """Bytes ``[offset, offset + data.nbytes)`` of a rank's local tensor ``name`` (its travel form)."""
+
+    version: int
+    rank: int
+    name: str
+    offset: int
+    data: np.ndarray
+
+
 # ---------------------------------------------------------------- status stream for dashboards
 
 
@@ -380,7 +416,9 @@ FromController = Union[
 ]
 TransferRequest = Union[Hello, FetchManifest, FetchBucket]
 TransferReply = Union[Welcome, WeightManifest, BucketData, ErrorReport]
-AnyMessage = Union[ToController, FromController, TransferRequest, TransferReply]
+ShardIntakeRequest = Union[Hello, ShardOffer, ShardPart]
+ShardIntakeReply = Union[Welcome, ShardAccepted, WeightAnnounce, ErrorReport]
+AnyMessage = Union[ToController, FromController, TransferRequest, TransferReply, ShardIntakeRequest, ShardIntakeReply]
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -401,6 +439,11 @@ __all__ = [
     "Register",
     "Role",
     "SamplingParams",
+    "ShardAccepted",
+    "ShardIntakeReply",
+    "ShardIntakeRequest",
+    "ShardOffer",
+    "ShardPart",
     "ShardView",
     "Shutdown",
     "StatusSnapshot",

@@ -5,6 +5,7 @@ from rose_transfer.errors import TransferError
 from rose_transfer.fetch.fetcher import WeightFetcher
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.serve.publisher import DensePublisher
+from rose_transfer.serve.shard_publisher import ShardPublisher
 from rose_transfer.serve.sparse_publisher import SparsePublisher
 from rose_transfer.version.fetched_version import FetchedVersion, load_arrays
 from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, FlatVersion, flatten, tensor_views
@@ -15,6 +16,7 @@ __all__ = [
     "FetchedVersion",
     "FlatVersion",
     "ResidentWeights",
+    "ShardPublisher",
     "SparsePublisher",
     "TransferError",
     "WeightFetcher",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from rose_core.auth import MIN_SECRET_BYTES, POLY1305
@@ -20,10 +20,11 @@ from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.weights import EngineLayout
 from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.serve.cluster_relay import ClusterRelay
+from rose_transfer.serve.shard_intake import ShardIntake
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.version.buffer_pool import BufferPool
-from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, flatten
+from rose_transfer.version.manifest import DEFAULT_BUCKET_BYTES, FlatVersion, flatten
 from rose_transfer.wire.loop_thread import LoopThread
 from rose_transfer.wire.send_gate import SendGate
 from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source
@@ -97,8 +98,14 @@ class DensePublisher:
         flat = flatten(
             tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards, allocate=self._store.pool.take
         )
+        return self._register(flat, step)
+
+    def _register(self, flat: FlatVersion, step: int) -> WeightAnnounce:
+        """Serve ``flat`` (a newer version than any served) and return its announcement."""
+        if self._closed:
+            raise RoseError("this weight publisher is closed: create a new one to publish")
         self._store.add(flat)
-        manifest = flat.manifest
+        version, manifest = flat.manifest.version, flat.manifest
         log.info(
             "published weight version %d: %d bytes in %d buckets", version, manifest.total_bytes, len(manifest.buckets)
         )
@@ -109,6 +116,40 @@ class DensePublisher:
             manifest_digest=manifest.digest,
             total_bytes=manifest.total_bytes,
         )
+
+    def open_shard_intake(
+        self,
+        ranks: int,
+        *,
+        port: int = 0,
+        timeout: float = 60.0,
+        on_publish: Callable[[WeightAnnounce], None] | None = None,
+    ) -> str:
+        """Gather versions from the ``ranks`` ranks of a tensor-parallel trainer, each calling
+        ``ShardPublisher.publish_shard`` with its own shards, and serve each whole version as ``publish``
+        would (same layout, bytes and digest); returns the ``tcp://`` source the ranks connect to.
+        ``timeout``: how long after a version's first offer every rank must have offered, and how long
+        a sending rank may be silent. ``on_publish`` gets each announcement (on the publisher's thread)."""
+
+        def register(flat: FlatVersion, step: int) -> WeightAnnounce:
+            announce = self._register(flat, step)
+            if on_publish is not None:
+                on_publish(announce)
+            return announce
+
+        intake = ShardIntake(
+            self._secret,
+            ranks=ranks,
+            publish=register,
+            newest=lambda: max(self._store.versions(), default=-1),
+            allocate=self._store.pool.take,
+            bucket_bytes=self.bucket_bytes,
+            timeout=timeout,
+        )
+        listener = bind_listener(self._host, port)
+        self._tcp_listeners.append(listener)
+        self._thread.submit(intake.serve(listener))
+        return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
 
     def start_relay(self, relay_id: str, *, transport: str = "tcp") -> ClusterRelay:
         """A relay of this publisher on this host (a remote cluster's, modelled here): receivers there

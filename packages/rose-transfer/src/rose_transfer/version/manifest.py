@@ -66,7 +66,8 @@ def _describe(name: str, obj: Any) -> tuple[str, list[int], int]:
     return dtype, [int(n) for n in obj.shape], obj.size * storage.itemsize
 
 
-def _travel_form(obj: Any) -> np.ndarray:
+def travel_bytes(obj: Any) -> np.ndarray:
+    """The bytes of ``obj`` (numpy array or torch tensor) as they sit in a stream: uint8, flat."""
     if _is_torch_tensor(obj):
         from rose_transfer.version.torch_tensors import tensor_travel_form
 
@@ -121,7 +122,7 @@ def flatten(
     objects = dict(zip((e.name for e in entries), tensors.values(), strict=True))
 
     def fill(entry: TensorEntry, region: np.ndarray) -> None:
-        region[:] = _travel_form(objects[entry.name])
+        region[:] = travel_bytes(objects[entry.name])
 
     return build_version(
         entries, total, fill, version=version, bucket_bytes=bucket_bytes, base_version=base_version, allocate=allocate
