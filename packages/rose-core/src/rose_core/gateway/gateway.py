@@ -214,6 +214,8 @@ class Gateway:
             "id": f"rose-{reply.outcome.result.turn_id}", "object": kind, "created": int(time.time()),
             "model": POLICY_MODEL, "choices": choices, "rose_weight_version": reply.outcome.result.weight_version,
             "rose_pool": reply.outcome.role, "rose_executor": reply.outcome.result.executor_id,
+            "rose_engine_seconds": reply.outcome.result.run_seconds,
+            "rose_queue_seconds": reply.outcome.result.queue_seconds,
         }
         if usage:
             out["usage"] = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.token_ids),

@@ -1,0 +1,169 @@
+"""The rollout gateway's overhead on the product path: `rose run --env gateway` (a real controller, a real
+`rose-executor` with its vLLM CPU engine) driven by HTTP clients, each call measured against the engine call
+it caused, side by side in the same call.
+
+    python3 benchmarks/gateway_overhead.py [--calls 300] [--turns 5] [--clients 16] [--seconds 20] [--json]
+
+Per call, the client's latency (request sent -> response read, keep-alive connection) minus the executor's
+own engine time (``rose_engine_seconds``: the ``engine.generate`` call, what calling the engine directly costs)
+and admission wait (``rose_queue_seconds``, 0 on an idle dedicated executor) is the gateway path's added
+latency: HTTP, session bookkeeping and tokenising, the hand-off to the controller, routing, the control-plane
+hops both ways and the executor's bookkeeping. Sequential calls (``--calls``, in sessions of ``--turns``
+chat turns with a growing history) give p50 / p99 of it (target: p99 <= 2 ms on this machine); then
+``--clients`` concurrent sessions for ``--seconds`` give turns per second at saturation. ``max_tokens = 1``:
+the engine's part is as small as it gets. Runs `python -m rose_core` with this script's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CONFIG = """
+models_dir = "{models}"
+run_dir = "{work}/run"
+
+[rl]
+env = "gateway"
+group_size = 2
+prompts_per_step = 1000
+max_tokens_per_turn = 1
+max_context_tokens = 1024
+
+[executors]
+dedicated = 1
+serving = 0
+
+[load]
+enabled = false
+"""
+
+
+def start_run(work: Path, models: Path) -> tuple[subprocess.Popen[str], str, str]:
+    config = work / "gateway.toml"
+    config.write_text(CONFIG.format(work=work, models=models))
+    proc = subprocess.Popen([sys.executable, "-m", "rose_core", "run", "--steps", "1", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = re.search(r"gateway (http://\S+) key-file (\S+)", line)
+        if found:
+            threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+            return proc, found.group(1), Path(found.group(2)).read_text().strip()
+    raise SystemExit(f"rose run --env gateway ended before printing its gateway line (rc {proc.wait()})")
+
+
+class Agent:
+    """One client connection; ``session(turns)`` runs a session of chat turns and returns per-call figures."""
+
+    def __init__(self, gateway: str, key: str, tag: str) -> None:
+        self.gateway, self.tag = gateway, tag
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        self.sessions = 0
+
+    def session(self, turns: int) -> list[dict[str, float]]:
+        self.sessions += 1
+        opened = self.http.post(f"{self.gateway}/sessions", json={"group": f"{self.tag}-{self.sessions}"}).json()
+        url = f"{opened['base_url']}/chat/completions"
+        messages = [{"role": "system", "content": "You walk a frozen lake; answer with one move."},
+                    {"role": "user", "content": "You stand at the start. The goal is three steps to the right."}]
+        out = []
+        for turn in range(turns):
+            body = {"model": "policy", "messages": messages, "max_tokens": 1}
+            t0 = time.perf_counter()
+            resp = self.http.post(url, json=body)
+            latency = time.perf_counter() - t0
+            data = resp.json()
+            if resp.status_code != 200:
+                raise SystemExit(f"gateway call failed: {resp.status_code} {data}")
+            engine, queue = data["rose_engine_seconds"], data["rose_queue_seconds"]
+            out.append({"latency_ms": 1e3 * latency, "engine_ms": 1e3 * engine, "queue_ms": 1e3 * queue,
+                        "overhead_ms": 1e3 * (latency - engine - queue)})
+            messages += [{"role": "assistant", "content": data["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": f"Turn {turn}: you moved. Where now?"}]
+        return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(calls: list[dict[str, float]]) -> dict[str, float]:
+    return {f"{name}_{label}": round(fn([c[f"{name}_ms"] for c in calls]), 3)
+            for name in ("overhead", "latency", "engine", "queue")
+            for label, fn in (("p50_ms", statistics.median), ("p99_ms", lambda v: percentile(v, 0.99)))}
+
+
+def saturate(gateway: str, key: str, clients: int, seconds: float, turns: int) -> dict[str, Any]:
+    done: list[dict[str, float]] = []
+    lock = threading.Lock()
+    until = time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        agent = Agent(gateway, key, f"sat{index}")
+        while time.monotonic() < until:
+            calls = agent.session(turns)
+            with lock:
+                done.extend(calls)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    return {"clients": clients, "turns": len(done), "turns_per_second": round(len(done) / wall, 1), **summary(done)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--models", default=".rose/models", help="Where the demo models are (generated once).")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rose-gateway-bench-") as tmp:
+        proc, gateway, key = start_run(Path(tmp), Path(args.models).resolve())
+        try:
+            agent = Agent(gateway, key, "seq")
+            for _ in range(4):
+                agent.session(args.turns)  # warm-up: the engine's first shapes, the client's connection
+            calls: list[dict[str, float]] = []
+            while len(calls) < args.calls:
+                calls += agent.session(args.turns)
+            result = {"sequential": {"calls": len(calls), **summary(calls)},
+                      "saturation": saturate(gateway, key, args.clients, args.seconds, args.turns),
+                      "target_overhead_p99_ms": 2.0}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    seq, sat = result["sequential"], result["saturation"]
+    print(f"sequential ({seq['calls']} calls): overhead p50 {seq['overhead_p50_ms']:.2f} ms, p99 "
+          f"{seq['overhead_p99_ms']:.2f} ms (target <= 2 ms); latency p50 {seq['latency_p50_ms']:.2f} ms, engine "
+          f"p50 {seq['engine_p50_ms']:.2f} ms")
+    print(f"saturation ({sat['clients']} clients): {sat['turns_per_second']} turns/s; overhead p50 "
+          f"{sat['overhead_p50_ms']:.2f} ms, p99 {sat['overhead_p99_ms']:.2f} ms; latency p99 "
+          f"{sat['latency_p99_ms']:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
