@@ -5,12 +5,14 @@ it caused, side by side in the same call.
     python3 benchmarks/gateway_overhead.py [--calls 300] [--turns 5] [--clients 16] [--seconds 20] [--json]
 
 Per call, the client's latency (request sent -> response read, keep-alive connection) minus the executor's
-own engine time (``rose_engine_seconds``: the ``engine.generate`` call, what calling the engine directly costs)
-and admission wait (``rose_queue_seconds``, 0 on an idle dedicated executor) is the gateway path's added
+own engine time (``rose_timing.engine_s``: the ``engine.generate`` call, what calling the engine directly
+costs) and admission wait (``rose_timing.queue_s``, ~0 on an idle dedicated executor) is the gateway path's added
 latency: HTTP, session bookkeeping and tokenising, the hand-off to the controller, routing, the control-plane
 hops both ways and the executor's bookkeeping. Sequential calls (``--calls``, in sessions of ``--turns``
 chat turns with a growing history) give p50 / p99 of it (target: p99 <= 2 ms on this machine); then
-``--clients`` concurrent sessions for ``--seconds`` give turns per second at saturation. ``max_tokens = 1``:
+``--clients`` concurrent sessions for ``--seconds`` give turns per second at saturation. Each response's ``rose_timing`` splits the overhead into the gateway's own part
+and routing + the control plane; the same client's ``/health`` round trip is the HTTP floor any call to an
+engine's HTTP server pays. ``max_tokens = 1``:
 the engine's part is as small as it gets. Runs `python -m rose_core` with this script's interpreter.
 """
 
@@ -88,12 +90,27 @@ class Agent:
             data = resp.json()
             if resp.status_code != 200:
                 raise SystemExit(f"gateway call failed: {resp.status_code} {data}")
-            engine, queue = data["rose_engine_seconds"], data["rose_queue_seconds"]
+            timing = data["rose_timing"]
+            engine, queue = timing["engine_s"], timing["queue_s"]
             out.append({"latency_ms": 1e3 * latency, "engine_ms": 1e3 * engine, "queue_ms": 1e3 * queue,
-                        "overhead_ms": 1e3 * (latency - engine - queue)})
+                        "overhead_ms": 1e3 * (latency - engine - queue), "gateway_ms": 1e3 * timing["gateway_s"],
+                        "route_ms": 1e3 * timing["route_s"]})
             messages += [{"role": "assistant", "content": data["choices"][0]["message"]["content"]},
                          {"role": "user", "content": f"Turn {turn}: you moved. Where now?"}]
         return out
+
+
+def http_floor(gateway: str, key: str, calls: int) -> dict[str, float]:
+    """The same client's round trip to the gateway's ``/health`` (no body, no turn): what any HTTP call to an
+    engine's server costs this client and machine, the floor under the gateway's overhead."""
+    http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        http.get(f"{gateway}/health").raise_for_status()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return {"http_floor_p50_ms": round(statistics.median(times), 3),
+            "http_floor_p99_ms": round(percentile(times, 0.99), 3)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,7 +120,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def summary(calls: list[dict[str, float]]) -> dict[str, float]:
     return {f"{name}_{label}": round(fn([c[f"{name}_ms"] for c in calls]), 3)
-            for name in ("overhead", "latency", "engine", "queue")
+            for name in ("overhead", "gateway", "route", "latency", "engine", "queue")
             for label, fn in (("p50_ms", statistics.median), ("p99_ms", lambda v: percentile(v, 0.99)))}
 
 
@@ -147,7 +164,7 @@ def main() -> None:
             calls: list[dict[str, float]] = []
             while len(calls) < args.calls:
                 calls += agent.session(args.turns)
-            result = {"sequential": {"calls": len(calls), **summary(calls)},
+            result = {"sequential": {"calls": len(calls), **summary(calls), **http_floor(gateway, key, len(calls))},
                       "saturation": saturate(gateway, key, args.clients, args.seconds, args.turns),
                       "target_overhead_p99_ms": 2.0}
         finally:
@@ -160,6 +177,9 @@ def main() -> None:
     print(f"sequential ({seq['calls']} calls): overhead p50 {seq['overhead_p50_ms']:.2f} ms, p99 "
           f"{seq['overhead_p99_ms']:.2f} ms (target <= 2 ms); latency p50 {seq['latency_p50_ms']:.2f} ms, engine "
           f"p50 {seq['engine_p50_ms']:.2f} ms")
+    print(f"  of which: gateway p50 {seq['gateway_p50_ms']:.2f} ms, routing + control plane p50 "
+          f"{seq['route_p50_ms']:.2f} ms; the client's HTTP floor (/health) p50 {seq['http_floor_p50_ms']:.2f} ms, "
+          f"p99 {seq['http_floor_p99_ms']:.2f} ms")
     print(f"saturation ({sat['clients']} clients): {sat['turns_per_second']} turns/s; overhead p50 "
           f"{sat['overhead_p50_ms']:.2f} ms, p99 {sat['overhead_p99_ms']:.2f} ms; latency p99 "
           f"{sat['latency_p99_ms']:.2f} ms")

@@ -33,7 +33,11 @@ class Inbound(ABC, Generic[InT]):
     def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None) -> None:
         self._framer = framer
         self._on_message = on_message
-        self._inbox: queue.Queue[tuple[bytes, InT] | None] = queue.Queue()
+        self._inbox: queue.SimpleQueue[tuple[bytes, InT] | None] = queue.SimpleQueue()
+        """A ``SimpleQueue``, not a ``Queue``: its blocking ``get`` holds no Python-level lock, so the
+        KeyboardInterrupt that `rose run` raises from its SIGTERM handler cannot land between a lock's acquire
+        and its ``with`` block and leave it held (seen: the I/O thread's ``put`` and the controller's ``get``
+        both waiting forever on the ``Queue``'s mutex while `rose run` shut down)."""
         self._notified: set[tuple[bytes, str]] = set()
         self.rejected = 0
 

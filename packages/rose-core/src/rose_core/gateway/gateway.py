@@ -60,6 +60,9 @@ class Reply:
     text: str
     finish_reason: str
     outcome: TurnOutcome
+    started: float
+    """``perf_counter`` when the call arrived; ``turn_s``: from its hand-off to the controller to its result."""
+    turn_s: float
 
 
 class Gateway:
@@ -104,6 +107,7 @@ class Gateway:
     # ---------------------------------------------------------------- calls
 
     def chat(self, session_id: str, body: bytes) -> tuple[ChatRequest, Reply]:
+        started = time.perf_counter()
         req: ChatRequest = decode(body, ChatRequest, "chat completion")
         max_tokens = check_sampling(req, self.limits.max_tokens)
         check_chat(req)
@@ -120,9 +124,10 @@ class Gateway:
             ended = bool(ids) and ids[-1] == self.codec.eos_id
             return rendered + text + (template.eos_text if ended else "")
 
-        return req, self._call(session_id, build, key, max_tokens, req)
+        return req, self._call(session_id, build, key, max_tokens, req, started)
 
     def completion(self, session_id: str, body: bytes) -> tuple[CompletionRequest, Reply]:
+        started = time.perf_counter()
         req: CompletionRequest = decode(body, CompletionRequest, "completion")
         max_tokens = check_sampling(req, self.limits.max_tokens)
         check_completion(req)
@@ -137,16 +142,18 @@ class Gateway:
             ended = bool(ids) and ids[-1] == self.codec.eos_id
             return prompt + text if isinstance(prompt, str) and not ended else None
 
-        return req, self._call(session_id, build, key, max_tokens, req)
+        return req, self._call(session_id, build, key, max_tokens, req, started)
 
-    def _call(self, session_id: str, build: Any, key: Any, max_tokens: int, req: Any) -> Reply:
+    def _call(self, session_id: str, build: Any, key: Any, max_tokens: int, req: Any, started: float) -> Reply:
         prompt = self.table.begin_call(session_id, build)
         try:
             self._check_prompt(prompt)
             sampling = SamplingParams(max_tokens=max_tokens, logprobs=True,
                                       temperature=self.limits.temperature if req.temperature is None else req.temperature,
                                       top_p=1.0 if req.top_p is None else req.top_p)
+            submitted = time.perf_counter()
             outcome = self._run(GatewayTurn(f"{session_id}/c{next(self._calls)}", session_id, prompt, sampling))
+            turn_s = time.perf_counter() - submitted
         except BaseException:
             self.table.fail_call(session_id)
             raise
@@ -157,7 +164,7 @@ class Gateway:
         turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version)
         self.table.finish_call(session_id, turn, key(ids, text))
         finish = "length" if result.finish_reason == "length" else "stop"
-        return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome)
+        return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s)
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) > self.limits.max_prompt_tokens:
@@ -214,8 +221,7 @@ class Gateway:
             "id": f"rose-{reply.outcome.result.turn_id}", "object": kind, "created": int(time.time()),
             "model": POLICY_MODEL, "choices": choices, "rose_weight_version": reply.outcome.result.weight_version,
             "rose_pool": reply.outcome.role, "rose_executor": reply.outcome.result.executor_id,
-            "rose_engine_seconds": reply.outcome.result.run_seconds,
-            "rose_queue_seconds": reply.outcome.result.queue_seconds,
+            "rose_timing": _timing(reply),
         }
         if usage:
             out["usage"] = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.token_ids),
@@ -233,3 +239,13 @@ class Gateway:
         tokens = self._token_texts(reply.token_ids)
         offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
         return {"tokens": tokens, "token_logprobs": reply.logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
+def _timing(reply: Reply) -> dict[str, float]:
+    """Where the call's time went, in seconds: ``gateway`` (HTTP body to response, the turn excluded),
+    ``route`` (hand-off, scheduling and the control plane both ways: the turn minus the executor's part),
+    ``queue`` (admission on the executor) and ``engine`` (the engine call itself)."""
+    result = reply.outcome.result
+    return {"gateway_s": time.perf_counter() - reply.started - reply.turn_s,
+            "route_s": max(0.0, reply.turn_s - result.run_seconds - result.queue_seconds),
+            "queue_s": result.queue_seconds, "engine_s": result.run_seconds}
