@@ -47,6 +47,7 @@ max_context_tokens = 1024
 [executors]
 dedicated = 1
 serving = 0
+rollout_capacity = 64  # the saturation phase loads the gateway and the engine, not the scheduler's per-executor cap
 
 [load]
 enabled = false
