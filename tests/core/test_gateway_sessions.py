@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.gateway.openai_api import ChatRequest, CompletionRequest, GatewayError, check_chat, check_sampling, decode
+from rose_core.gateway.openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    GatewayError,
+    check_chat,
+    check_sampling,
+    decode,
+)
 from rose_core.gateway.session_history import SessionHistory
 from rose_core.gateway.session_table import SessionTable
 from rose_core.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnOutcome
@@ -107,7 +114,7 @@ def test_groups_complete_when_group_size_sessions_are_closed_and_leave_when_take
     with pytest.raises(GatewayError, match="already has its 2 sessions") as full:
         table.open("g", {})
     assert full.value.status == 409
-    for session, reward in ((a, 1.0), (b, 0.0)):
+    for session in (a, b):
         table.begin_call(session.session_id, lambda h: h.prompt_for_tokens([1, 2]))
         table.finish_call(session.session_id, _turn(), key=None)
     table.close(a.session_id, 1.0, None)

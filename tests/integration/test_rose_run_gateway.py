@@ -114,7 +114,7 @@ def play_round(gateway: str, key: str, tag: str, agent: Agent = play) -> list[di
     lock = threading.Lock()
 
     def session(index: int) -> None:
-        group, member = divmod(index, GROUP_SIZE)
+        group = index // GROUP_SIZE
         opened = open_session(gateway, key, f"{tag}-g{group}")
         mine: list[dict[str, Any]] = []
         reward = agent(opened["base_url"], key, 1000 * group + 7, mine)

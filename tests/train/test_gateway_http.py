@@ -38,9 +38,9 @@ REPLIES = ["move right", "move down", "move left", "move up"]
 class Responder:
     """Plays the controller: answers every turn the bridge hands over with the next reply's tokens + eos."""
 
-    def __init__(self, bridge: TurnBridge, codec: TokenizerCodec) -> None:
+    def __init__(self, bridge: TurnBridge, codec: TokenizerCodec, wake: threading.Event) -> None:
         self.bridge, self.codec = bridge, codec
-        self.wake = threading.Event()
+        self.wake = wake
         self.stop = False
         self.answered = 0
         self.prompts: list[list[int]] = []
@@ -86,9 +86,9 @@ def auth(key: str = KEY) -> dict[str, str]:
 def live(models: ModelPaths) -> Iterator[Live]:
     codec = load_tokenizer(models.policy)
     table = SessionTable(group_size=2)
-    holder: dict[str, Responder] = {}
-    bridge = TurnBridge(lambda: holder["r"].wake.set())
-    holder["r"] = responder = Responder(bridge, codec)
+    wake = threading.Event()
+    bridge = TurnBridge(wake.set)
+    responder = Responder(bridge, codec, wake)
     limits = GatewayLimits(max_prompt_tokens=400, max_tokens=16, temperature=1.0, turn_timeout_s=30)
     gateway = Gateway(table, bridge, codec, ChatTemplate(models.policy), limits)
     server = GatewayServer(gateway, KEY).start()

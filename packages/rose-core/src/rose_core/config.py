@@ -25,6 +25,7 @@ from rose_core.config_support import (
 
 __all__ = [
     "ALGORITHMS",
+    "EXTERNAL_TRAINER",
     "GATEWAY_ENV",
     "LOSS_AGGREGATIONS",
     "AlgorithmPreset",
@@ -130,6 +131,10 @@ def validate_policy_loss(*, clip_low: float, clip_high: float, loss_agg: str, kl
         raise ValueError(f"`tis_cap` {tis_cap} must be >= 1 (a cap below 1 would down-weight on-policy tokens)")
 
 
+EXTERNAL_TRAINER = "external"
+TRAINERS = ("reference", EXTERNAL_TRAINER)
+
+
 class RLConfig(ConfigSection):
     """The RL job. The defaults are the README demo's, chosen so that it visibly learns within a few minutes
     on 2 cores (`tools/learning_sweep.py`, `docs/rl_sweep.md`; measured live: `docs/rl.md`)."""
@@ -187,6 +192,14 @@ class RLConfig(ConfigSection):
     """The environment played: a built-in (``frozenlake``), a ``rose.environments`` entry point of an
     installed package (``rose_core.rl.environments``; resolved when the job starts), or ``gateway``: agents
     bring their own turns through the rollout gateway (``[gateway]``)."""
+    trainer: str = "reference"
+    """Who trains: ``reference`` (ROSE's trainer, in the controller's process) or ``external`` (your trainer
+    pulls each step's batch from the trainer API and publishes the next version itself; docs/gateway.md,
+    "External trainers")."""
+    trainer_ranks: int = 1
+    """External trainers: the tensor-parallel ranks that each publish their shard of a version."""
+    trainer_timeout_s: float = 1800.0
+    """External trainers: a step whose next version has not been published by then fails the run."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -211,7 +224,13 @@ class RLConfig(ConfigSection):
         self._check_overlong()
         require_non_negative(max_refill_rounds=self.max_refill_rounds, eval_every=self.eval_every,
                              checkpoint_every=self.checkpoint_every)
-        require_positive(eval_maps=self.eval_maps, checkpoint_keep=self.checkpoint_keep)
+        require_positive(eval_maps=self.eval_maps, checkpoint_keep=self.checkpoint_keep,
+                         trainer_ranks=self.trainer_ranks, trainer_timeout_s=self.trainer_timeout_s)
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"`trainer` {self.trainer!r} is not one of {list(TRAINERS)}")
+        if self.trainer == EXTERNAL_TRAINER and self.checkpoint_every:
+            raise ValueError("`checkpoint_every` needs ROSE's trainer: an external trainer checkpoints itself "
+                             "(set it to 0)")
         require_entry_point_name(env=self.env)
 
     def _apply_algorithm(self) -> None:

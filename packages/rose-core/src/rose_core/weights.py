@@ -7,7 +7,7 @@ finds the publisher through the entry-point group ``rose.weight_publishers``; ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
@@ -55,6 +55,13 @@ class WeightPublisher(Protocol):
     ) -> WeightAnnounce:
         """Make ``version`` fetchable (whole) and return the announcement executors act on; ``tensors``
         carry checkpoint names, ``layout`` says how the engines hold them (default: as given)."""
+        ...
+
+    def open_shard_intake(self, ranks: int, *, port: int = 0, timeout: float = 60.0,
+                          on_publish: Callable[[WeightAnnounce], None] | None = None) -> str:
+        """Accept versions from the ``ranks`` ranks of a trainer outside ROSE, each publishing its own shard
+        (``rose_transfer.ShardPublisher``); returns the ``tcp://`` source they connect to. ``on_publish``
+        gets each announcement once every rank's part is in."""
         ...
 
     def close(self) -> None: ...

@@ -9,6 +9,7 @@ authentication, the routes below, JSON bodies and server-sent events for ``strea
     POST /sessions/<id>/reward                      {"reward": R} closes the session
     GET  /health                                    no key needed
 
+``ApiServer`` is the same server over any routes (the external trainer's API, ``rose_core.run.external_trainer``).
 Every refusal is an OpenAI-shaped error with a 4xx/5xx status naming the fix; a handler's failure never
 reaches the server loop, so one bad request cannot stop the gateway or the sessions in flight.
 """
@@ -21,7 +22,8 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
+from urllib.parse import parse_qs
 
 from rose_core.gateway.gateway import Gateway
 from rose_core.gateway.openai_api import GatewayError, json_bytes
@@ -29,60 +31,74 @@ from rose_core.gateway.openai_api import GatewayError, json_bytes
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20
 _SESSION = r"/sessions/(?P<sid>[0-9a-f]{1,64})"
-Route = Callable[[Gateway, str, bytes], Any]
+Route = Callable[[Any, dict[str, str], bytes], Any]
+"""(the API's object, the path's groups and the query's parameters, the body) -> a JSON value or SSE events."""
 
 
-def _chat(gw: Gateway, sid: str, body: bytes) -> Any:
-    req, reply = gw.chat(sid, body)
+def _chat(gw: Gateway, params: dict[str, str], body: bytes) -> Any:
+    req, reply = gw.chat(params["sid"], body)
     return gw.chat_chunks(req, reply) if req.stream else gw.chat_response(req, reply)
 
 
-def _completion(gw: Gateway, sid: str, body: bytes) -> Any:
-    req, reply = gw.completion(sid, body)
+def _completion(gw: Gateway, params: dict[str, str], body: bytes) -> Any:
+    req, reply = gw.completion(params["sid"], body)
     return gw.completion_chunks(req, reply) if req.stream else gw.completion_response(req, reply)
 
 
-ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
-    ("POST", re.compile(r"/sessions/?"), lambda gw, _sid, body: gw.open_session(body)),
-    ("GET", re.compile(_SESSION + r"/?"), lambda gw, sid, _body: gw.describe(sid)),
-    ("GET", re.compile(_SESSION + r"/v1/models/?"), lambda gw, sid, _body: gw.models(sid)),
+GATEWAY_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
+    ("POST", re.compile(r"/sessions/?"), lambda gw, _p, body: gw.open_session(body)),
+    ("GET", re.compile(_SESSION + r"/?"), lambda gw, p, _body: gw.describe(p["sid"])),
+    ("GET", re.compile(_SESSION + r"/v1/models/?"), lambda gw, p, _body: gw.models(p["sid"])),
     ("POST", re.compile(_SESSION + r"/v1/chat/completions/?"), _chat),
     ("POST", re.compile(_SESSION + r"/v1/completions/?"), _completion),
-    ("POST", re.compile(_SESSION + r"/reward/?"), lambda gw, sid, body: gw.reward(sid, body)),
+    ("POST", re.compile(_SESSION + r"/reward/?"), lambda gw, p, body: gw.reward(p["sid"], body)),
 ]
 
 
-class GatewayServer:
-    """Serves ``gateway`` on ``host:port`` (0: a free port) from its own thread; ``url`` once started."""
+class ApiServer:
+    """Serves ``routes`` over ``target`` on ``host:port`` (0: a free port) from its own thread; ``url``."""
 
-    def __init__(self, gateway: Gateway, key: str, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.gateway = gateway
-        handler = type("Handler", (_Handler,), {"gateway": gateway, "key": key.encode()})
+    def __init__(self, target: Any, routes: list[tuple[str, re.Pattern[str], Route]], key: str,
+                 host: str = "127.0.0.1", port: int = 0, name: str = "rose-api") -> None:
+        handler = type("Handler", (_Handler,), {"target": target, "routes": routes, "key": key.encode()})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
-        gateway.base_url = self.url
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="rose-gateway", daemon=True)
+                                        name=name, daemon=True)
 
-    def start(self) -> GatewayServer:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
     def close(self) -> None:
-        self.gateway.bridge.close()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class GatewayServer(ApiServer):
+    """The rollout gateway's server; closing it fails the calls still waiting for their turns."""
+
+    def __init__(self, gateway: Gateway, key: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(gateway, GATEWAY_ROUTES, key, host, port, name="rose-gateway")
+        self.gateway = gateway
+        gateway.base_url = self.url
+
+    def close(self) -> None:
+        self.gateway.bridge.close()
+        super().close()
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rose-gateway"
     disable_nagle_algorithm = True
-    """TCP_NODELAY: headers and body leave as two writes, and Nagle would hold the body until the client's
-    delayed ACK (40 ms on Linux) on every call."""
-    gateway: Gateway
+    wbufsize = 1 << 16
+    """TCP_NODELAY and a buffered writer (flushed after each response, and after each streamed event): headers
+    and body written apart let Nagle hold the body until the client's delayed ACK, 40 ms on every call."""
+    target: Any
+    routes: list[tuple[str, re.Pattern[str], Route]]
     key: bytes
 
     def do_GET(self) -> None:
@@ -97,12 +113,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         try:
             body = self._body()
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/health":
                 self._json(200, {"status": "ok"})
                 return
             self._authenticate()
-            result = self._route(method, path, body)
+            result = self._route(method, path, query, body)
         except GatewayError as exc:
             self._json(exc.status, exc.body())
             return
@@ -110,7 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("gateway: %s %s failed", method, self.path)
             self._json(500, GatewayError(500, f"internal gateway error: {exc}", kind="server_error").body())
             return
-        if isinstance(result, dict):
+        if result is None:
+            self._json(204, None)
+        elif isinstance(result, dict):
             self._json(200, result)
         else:
             self._stream(result)
@@ -136,27 +154,28 @@ class _Handler(BaseHTTPRequestHandler):
             raise GatewayError(401, "wrong bearer key: use the contents of the key file `rose run` printed",
                                kind="authentication_error")
 
-    def _route(self, method: str, path: str, body: bytes) -> Any:
+    def _route(self, method: str, path: str, query: str, body: bytes) -> Any:
         known = False
-        for verb, pattern, route in ROUTES:
+        for verb, pattern, route in self.routes:
             match = pattern.fullmatch(path)
             if match is None:
                 continue
             known = True
             if verb == method:
-                return route(self.gateway, match.groupdict().get("sid") or "", body)
+                params = {k: v[0] for k, v in parse_qs(query).items()}
+                return route(self.target, {**params, **match.groupdict()}, body)
         if known:
             raise GatewayError(405, f"{method} is not allowed on {path}")
-        raise GatewayError(404, f"no route {method} {path}: the API is under /sessions (docs/gateway.md)",
+        raise GatewayError(404, f"no route {method} {path} (docs/gateway.md)",
                            kind="not_found_error")
 
     def _json(self, status: int, value: Any) -> None:
-        data = json_bytes(value)
+        data = b"" if status == 204 else json_bytes(value)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self._headers_buffer.append(b"\r\n" + data)  # headers and body in one write
-        self.flush_headers()
+        self.end_headers()
+        self.wfile.write(data)  # buffered (``wbufsize``): headers and body leave in one write, at the flush
 
     def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
         self.send_response(200)
@@ -171,3 +190,4 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()

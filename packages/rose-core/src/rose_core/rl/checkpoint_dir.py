@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from rose_core.durable import fsync_dir
 from rose_core.errors import RoseError
 
 FORMAT_VERSION = 1
@@ -82,9 +83,9 @@ def write_checkpoint(root: Path, state: CheckpointState, fill: Callable[[Path], 
         fill(partial)
         digests = {p.name: _digest_and_sync(p) for p in sorted(partial.iterdir()) if p.name != STATE_FILE}
         _write_json_synced(partial / STATE_FILE, replace(state, files=digests))
-        _fsync_dir(partial)
+        fsync_dir(partial)
         os.rename(partial, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -128,7 +129,7 @@ def prune(root: Path, keep: int) -> list[Path]:
         os.rename(folder, trash)
         shutil.rmtree(trash)
     if doomed:
-        _fsync_dir(root)
+        fsync_dir(root)
     return doomed
 
 
@@ -232,11 +233,3 @@ def _sha256(path: Path) -> str:
         while chunk := data.read(_CHUNK):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -46,8 +46,8 @@ class _ClosedSession:
 
 
 def gateway_key(config: RunConfig) -> tuple[str, Path]:
-    """The bearer key and its file: ``gateway.key_file`` as it is, else a new one in ``<run_dir>/gateway.key``
-    (mode 0600)."""
+    """The bearer key of the gateway and the trainer API, and its file: ``gateway.key_file`` as it is, else a
+    new one in ``<run_dir>/gateway.key`` (mode 0600). Called once per job."""
     chosen = config.gateway.key_file
     path = Path(chosen or Path(config.run_dir) / "gateway.key").expanduser().resolve()
     if chosen:
@@ -68,7 +68,8 @@ def gateway_key(config: RunConfig) -> tuple[str, Path]:
 
 
 class GatewayJob(RLJob):
-    def __init__(self, controller: Controller, config: RunConfig, *args: Any, policy_dir: Path, **kwargs: Any) -> None:
+    def __init__(self, controller: Controller, config: RunConfig, *args: Any, policy_dir: Path, key: str,
+                 **kwargs: Any) -> None:
         super().__init__(controller, config, *args, **kwargs)
         rl, gw = config.rl, config.gateway
         self.table = SessionTable(rl.group_size)
@@ -76,8 +77,8 @@ class GatewayJob(RLJob):
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
                                temperature=rl.temperature, turn_timeout_s=gw.turn_timeout_s)
         self.gateway = Gateway(self.table, self.bridge, self.codec, _chat_template(policy_dir), limits)
-        self.key, self.key_path = gateway_key(config)
-        self.server = GatewayServer(self.gateway, self.key, gw.host, gw.port).start()
+        self.server = GatewayServer(self.gateway, key, gw.host, gw.port).start()
+        self.closers.append(self.server.close)
         self.accepting = False
         controller.on_tick = self._submit_calls
 
@@ -86,7 +87,7 @@ class GatewayJob(RLJob):
 
     def close(self) -> None:
         self.accepting = False
-        self.server.close()
+        super().close()
 
     # ---------------------------------------------------------------- RLJob's rollout, from the gateway
 

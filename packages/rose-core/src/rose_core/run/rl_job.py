@@ -33,13 +33,15 @@ from rose_core.config import RunConfig
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
 from rose_core.controller.controller_metrics import STEP_SECONDS
 from rose_core.controller.weight_sync import SyncBreakdown
-from rose_core.messages import SamplingParams, StepStarted, StepStatus
+from rose_core.errors import RoseError
+from rose_core.messages import SamplingParams, StepStarted, StepStatus, WeightAnnounce
 from rose_core.rl.codec import TextCodec
 from rose_core.rl.environments import load_environment
 from rose_core.rl.episode import Episode
 from rose_core.rl.grpo import build_samples_from_config, informative_groups
 from rose_core.rl.sample import TrainSample
 from rose_core.rl.trajectory import Trajectory
+from rose_core.run.external_trainer import ExternalTrainer
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.scheduler import TurnTicket
 from rose_core.weights import EngineLayout, WeightPublisher, WeightRelay
@@ -140,7 +142,7 @@ class RLJob:
         controller: Controller,
         config: RunConfig,
         codec: TextCodec,
-        trainer: Trainer,
+        trainer: Trainer | ExternalTrainer,
         publisher: WeightPublisher,
         serving: LoadGenerator | None = None,
         watchdog: Callable[[], None] | None = None,
@@ -162,6 +164,9 @@ class RLJob:
         self._next: _Rollout | None = None
         """The next step's rollout, started while this step trains (asynchronous steps)."""
         self._link_before: dict[str, int] = {}
+        self.closers: list[Callable[[], None]] = []
+        self._external: WeightAnnounce | None = None
+        """The version an external trainer published this step (``rl.trainer = "external"``)."""
         self._prefix_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
         controller.on_result = self._on_result
 
@@ -170,7 +175,9 @@ class RLJob:
         return load_environment(self.config.rl.env)
 
     def close(self) -> None:
-        """Stop what the job started beside the controller (nothing here; the gateway job's server)."""
+        """Stop what the job started beside the controller (the trainer API, the gateway), newest first."""
+        while self.closers:
+            self.closers.pop()()
 
     # ---------------------------------------------------------------- one step
 
@@ -214,9 +221,10 @@ class RLJob:
     def resume(self, path: Path) -> int:
         """Continue from a checkpoint (a ``step-NNNNNN`` folder or a directory of them): restore the trainer,
         ship its weights to every executor (a full sync), and return the step it was taken after."""
-        state = self.trainer.load_checkpoint(path)
-        weights = self.trainer.export_weights()
-        announce = self.publisher.publish(state.weight_version, state.step, weights, layout=self.trainer.engine_layout())
+        trainer = self._own_trainer()
+        state = trainer.load_checkpoint(path)
+        weights = trainer.export_weights()
+        announce = self.publisher.publish(state.weight_version, state.step, weights, layout=trainer.engine_layout())
         applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s)
         failed = {eid: a.error for eid, a in applied.items() if not a.ok}
         if failed:
@@ -227,8 +235,14 @@ class RLJob:
     # ---------------------------------------------------------------- train
 
     def _train(self, samples: list[TrainSample], rollout: _Rollout) -> tuple[Any, float]:
-        """One trainer step: inline, or in a thread while the controller pumps (the next step's rollout runs)."""
+        """One trainer step: inline, or in a thread while the controller pumps (the next step's rollout runs);
+        with an external trainer, the wait (pumping) until it published the next version."""
         t0 = time.monotonic()
+        if isinstance(self.trainer, ExternalTrainer):
+            self.trainer.offer(rollout.step, self.version, samples, rollout.finished())
+            self._external = self.trainer.wait_published(self.version + 1, self.config.rl.trainer_timeout_s,
+                                                         self._pump_once)
+            return None, time.monotonic() - t0
         if not samples:
             log.warning("step %d: no samples to train on (every group dropped); the weights stay as they are",
                         rollout.step)
@@ -246,13 +260,24 @@ class RLJob:
             raise box["error"]
         return box["stats"], time.monotonic() - t0
 
+    def _own_trainer(self) -> Trainer:
+        """ROSE's trainer (checkpoints, exports); an external trainer does those itself."""
+        if isinstance(self.trainer, ExternalTrainer):
+            raise RoseError("this needs ROSE's trainer (rl.trainer = \"reference\"): the external trainer "
+                            "checkpoints and publishes its weights itself")
+        return self.trainer
+
+    def _pump_once(self) -> None:
+        self.watchdog()
+        self.controller.pump(0.05)
+
     def _checkpoint(self, step: int, report: StepReport) -> str:
         every = self.config.rl.checkpoint_every
         if every <= 0 or (step % every and step != self.config.rl.steps):
             return ""
         rl = self.config.rl
         root = Path(rl.checkpoint_dir or Path(self.config.run_dir) / "checkpoints")
-        path = self.trainer.save_checkpoint(root, step=step, weight_version=self.version, keep=rl.checkpoint_keep,
+        path = self._own_trainer().save_checkpoint(root, step=step, weight_version=self.version, keep=rl.checkpoint_keep,
                                             extra={"reward_mean": report.reward_mean}, rl=msgspec.to_builtins(rl))
         log.info("step %d: checkpoint %s", step, path)
         return str(path)
@@ -374,10 +399,14 @@ class RLJob:
     def _ship_weights(self, step: int) -> tuple[float, int]:
         self._link_before = {name: relay.upstream_bytes for name, relay in self.relays.items()}
         t0 = time.monotonic()
-        weights = self.trainer.export_weights()
-        export_s = time.monotonic() - t0
-        announce = self.publisher.publish(self.version + 1, step, weights, layout=self.trainer.engine_layout())
-        publish_s = time.monotonic() - t0
+        if self._external is not None:  # published by the external trainer (its time is the step's train_s)
+            announce, self._external, export_s, publish_s = self._external, None, 0.0, 0.0
+        else:
+            trainer = self._own_trainer()
+            weights = trainer.export_weights()
+            export_s = time.monotonic() - t0
+            announce = self.publisher.publish(self.version + 1, step, weights, layout=trainer.engine_layout())
+            publish_s = time.monotonic() - t0
         applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
                                                    publish_s=publish_s, export_s=export_s)
         failed = {eid: a.error for eid, a in applied.items() if not a.ok}

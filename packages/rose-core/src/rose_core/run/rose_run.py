@@ -22,13 +22,14 @@ from typing import Any
 import tomli_w
 
 from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
-from rose_core.config import GATEWAY_ENV, RELAY_NONE, RELAY_START, RunConfig
+from rose_core.config import EXTERNAL_TRAINER, GATEWAY_ENV, RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.errors import MissingExtraError, RoseError
 from rose_core.messages import StepStatus
 from rose_core.metrics import serve_metrics
 from rose_core.run.child_processes import ChildProcesses
+from rose_core.run.external_trainer import ExternalTrainer
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.run.rl_job import RLJob, StepReport
 from rose_core.run.run_report import RunReport
@@ -221,6 +222,9 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     directory of them, the newest is taken) to continue from: the run goes on with the step after it, up to
     ``rl.steps``.
     """
+    if resume is not None and config.rl.trainer == EXTERNAL_TRAINER:
+        raise RoseError("--resume restores ROSE's trainer: an external trainer resumes itself (start the run "
+                        "without --resume; its executors get the weights your trainer publishes first)")
     if resume is not None:
         resume_point(resume, config.rl.steps)  # a bad path fails before anything starts
     require_extras(need_executor=spawn)
@@ -275,18 +279,38 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
 
     models = resolve_models(config)
     rl = config.rl
-    trainer = PolicyTrainer.from_config(models.policy, rl)
+    from rose_core.run.gateway_job import GatewayJob, gateway_key
+
+    external = rl.trainer == EXTERNAL_TRAINER
+    key, key_path = gateway_key(config) if external or rl.env == GATEWAY_ENV else ("", Path())
+    trainer = ExternalTrainer(rl.trainer_ranks) if external else PolicyTrainer.from_config(models.policy, rl)
     args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
     options: dict[str, Any] = {"watchdog": launch.children.check_alive, "on_progress": progress,
                                "relays": launch.relays}
-    if rl.env != GATEWAY_ENV:
-        return RLJob(*args, **options)
-    from rose_core.run.gateway_job import GatewayJob
-
-    job = GatewayJob(*args, policy_dir=models.policy, **options)
-    say(f"gateway {job.server.url} key-file {job.key_path}")
-    say(f"waiting for {rl.prompts_per_step} groups of {rl.group_size} sessions per step (docs/gateway.md)")
+    if rl.env == GATEWAY_ENV:
+        job: RLJob = GatewayJob(*args, policy_dir=models.policy, key=key, **options)
+        say(f"gateway {job.server.url} key-file {key_path}")  # type: ignore[attr-defined]
+        say(f"waiting for {rl.prompts_per_step} groups of {rl.group_size} sessions per step (docs/gateway.md)")
+    else:
+        job = RLJob(*args, **options)
+    if isinstance(trainer, ExternalTrainer):
+        _open_trainer_api(job, trainer, publisher, key, config, say)
+        say(f"trainer-api {job.trainer_api.url} key-file {key_path} intake {trainer.intake} "  # type: ignore[attr-defined]
+            f"ranks {trainer.ranks}")
     return job
+
+
+def _open_trainer_api(job: RLJob, trainer: ExternalTrainer, publisher: WeightPublisher, key: str,
+                      config: RunConfig, say: Say) -> None:
+    """The external trainer's doors: the shard intake it publishes through, and the API it pulls batches from."""
+    from rose_core.gateway.http_server import ApiServer
+    from rose_core.run.external_trainer import TRAINER_ROUTES
+
+    trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer_timeout_s,
+                                                 on_publish=trainer.published)
+    server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api").start()
+    job.trainer_api = server  # type: ignore[attr-defined]
+    job.closers.append(server.close)
 
 
 def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from rose_core.durable import fsync_dir
 from rose_transfer.errors import TransferError
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class PartialFile:
         self._close()
         os.replace(self.temp, self.dest)
         if durable:
-            _fsync_dir(self.dest.parent)
+            fsync_dir(self.dest.parent)
         return self.dest
 
     def discard(self) -> None:
@@ -70,11 +71,3 @@ def _reserve(fd: int, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
     else:  # macOS: no fallocate; the map is still safe to write, space is just not reserved up front
         os.ftruncate(fd, size)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

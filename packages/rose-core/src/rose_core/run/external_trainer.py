@@ -1,0 +1,116 @@
+"""The trainer of a job whose trainer is yours (``rl.trainer = "external"``): ROSE rolls out, you train.
+
+Each step the RL job ``offer``s its batch (the step's training samples, one per turn, with the GRPO advantage
+the job's settings give, and its trajectories' rewards); your trainer pulls it from the trainer API
+(``GET /trainer/next``, ``trainer_routes``), trains however it likes, and publishes version
+``publish_version`` itself, each tensor-parallel rank its own shard, through the publisher's shard intake
+(``rose_transfer.ShardPublisher`` to ``intake``). ``published`` is called with the announcement once every
+rank's part is in; the job then announces it to the executors as if ROSE had trained it. A batch stays
+offered (pulling it again returns it again) until its version is published, so a trainer that restarts
+mid-step pulls it again and loses nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rose_core.errors import RoseError
+from rose_core.gateway.http_server import Route
+from rose_core.gateway.openai_api import GatewayError
+from rose_core.messages import WeightAnnounce
+from rose_core.rl.sample import TrainSample
+from rose_core.rl.trajectory import Trajectory
+
+WAIT_LIMIT_S = 60.0
+"""The longest ``/trainer/next`` long-poll (a client asks with ``?wait_s=``)."""
+
+
+def sample_json(sample: TrainSample) -> dict[str, Any]:
+    """A training sample as the trainer API sends it: the turn's tokens (prompt then response), the response
+    mask, behaviour logprobs aligned with the tokens (0.0 on prompt positions), the advantage."""
+    prompt, response = sample.prompt_token_ids, sample.response_token_ids
+    return {"trajectory_id": sample.trajectory_id, "turn_index": sample.turn_index,
+            "tokens": [*prompt, *response], "mask": [0] * len(prompt) + [1] * len(response),
+            "behaviour_logprobs": [0.0] * len(prompt) + list(sample.behaviour_logprobs),
+            "prompt_length": len(prompt), "weight_version": sample.weight_version, "advantage": sample.advantage}
+
+
+class ExternalTrainer:
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.intake = ""
+        """The shard intake's ``tcp://`` source (set once the publisher opened it)."""
+        self._batch: dict[str, Any] | None = None
+        self._published: dict[int, WeightAnnounce] = {}
+        self._changed = threading.Condition()
+
+    # ---------------------------------------------------------------- the RL job (controller thread)
+
+    def offer(self, step: int, base_version: int, samples: Sequence[TrainSample],
+              trajectories: Sequence[Trajectory]) -> None:
+        batch = {"step": step, "base_version": base_version, "publish_version": base_version + 1,
+                 "intake": self.intake, "ranks": self.ranks, "samples": [sample_json(s) for s in samples],
+                 "trajectories": [{"trajectory_id": t.trajectory_id, "group_id": t.group_id,
+                                   "reward": t.total_reward, "success": t.success, "turns": len(t.turns)}
+                                  for t in trajectories]}
+        with self._changed:
+            self._batch = batch
+            self._changed.notify_all()
+
+    def wait_published(self, version: int, timeout_s: float, pump: Callable[[], None]) -> WeightAnnounce:
+        """Pump the controller until ``version`` is published; a ``RoseError`` naming the wait at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._changed:
+                announce = self._published.get(version)
+                if announce is not None:
+                    self._batch = None
+                    return announce
+            if time.monotonic() >= deadline:
+                raise RoseError(f"the external trainer did not publish version {version} within {timeout_s:.0f} s "
+                                "(rl.trainer_timeout_s): is it running and pulling GET /trainer/next?")
+            pump()
+
+    # ---------------------------------------------------------------- the publisher's thread
+
+    def published(self, announce: WeightAnnounce) -> None:
+        with self._changed:
+            self._published[announce.version] = announce
+            self._changed.notify_all()
+
+    # ---------------------------------------------------------------- the trainer API (HTTP threads)
+
+    def next_batch(self, wait_s: float) -> dict[str, Any] | None:
+        """The batch waiting to be trained (the same one until its version is published), waiting up to
+        ``wait_s`` for one; None when there is none yet."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), WAIT_LIMIT_S)
+        with self._changed:
+            while self._batch is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+            return self._batch
+
+    def status(self) -> dict[str, Any]:
+        with self._changed:
+            return {"intake": self.intake, "ranks": self.ranks, "published_versions": sorted(self._published),
+                    "pending_step": self._batch["step"] if self._batch else None}
+
+
+def _wait_s(params: dict[str, str]) -> float:
+    try:
+        return float(params.get("wait_s", "0"))
+    except ValueError as exc:
+        raise GatewayError(400, f"wait_s = {params['wait_s']!r}: pass seconds (a number)", "wait_s") from exc
+
+
+TRAINER_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
+    ("GET", re.compile(r"/trainer/next/?"), lambda t, p, _body: t.next_batch(_wait_s(p))),
+    ("GET", re.compile(r"/trainer/status/?"), lambda t, _p, _body: t.status()),
+]
+"""``GET /trainer/next?wait_s=S``: the batch to train (200) or none yet (204); ``GET /trainer/status``."""
