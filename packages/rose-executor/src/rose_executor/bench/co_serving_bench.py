@@ -45,6 +45,7 @@ import numpy as np
 
 from rose_core.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets
+from rose_executor.bench.device_wait import measure_device_wait
 from rose_executor.bench.worker_cpu import WorkerCpu, descendants
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
@@ -365,8 +366,11 @@ async def _bench(rig: Rig, seconds: float, slo_multiple: float, repeats: int) ->
     slo = slo_from_alone(alone.values(), slo_multiple)
     rollout_model = rollout_profile.latency_model()
     serving_model = guard_serving_model(alone_profile, colocated)
+    wait = await asyncio.to_thread(measure_device_wait, min(rig.serving_cpu.cores())) \
+        if rig.device_model == "batch" else None
     settings = GuardSettings(
-        SloBudgets(*slo), PREFILL_CHUNK_TOKENS, hold_margin=True, rollout_batch=ROLLOUT_CONCURRENCY
+        SloBudgets(*slo), PREFILL_CHUNK_TOKENS, margin_s=wait.p99_s if wait else 0.0, hold_margin=True,
+        rollout_batch=ROLLOUT_CONCURRENCY,
     )
     guard = CoServingGuard.build(settings, serving_model, rollout_model)
     for repeat in range(repeats):
@@ -382,6 +386,7 @@ async def _bench(rig: Rig, seconds: float, slo_multiple: float, repeats: int) ->
         repeats=repeats,
         serving_capacity_rps=cap,
         guard_margin_ms=guard.admission.config.margin_s * 1e3,
+        device_wait_ms={"p50": wait.p50_s * 1e3, "p99": wait.p99_s * 1e3} if wait else None,
         load_fractions=dict(LEVELS),
         rollout_workload=workload(),
         activation=await activation(rig.serving, rig.rollout, guard),
