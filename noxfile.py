@@ -30,7 +30,7 @@ VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 
 # What each per-package test session installs (alone) and which test folders it runs.
 PACKAGE_TESTS = {
-    "core": ([f"{CORE}[sim]"], ["tests/core"]),
+    "core": ([f"{CORE}[sim]", "httpx"], ["tests/core"]),
     "core-train": ([TORCH, f"{CORE}[train]", "openai", "httpx"], ["tests/train"]),
     "transfer": ([TORCH, CORE, f"{TRANSFER}[torch,zstd,ucx,cuda]"], ["tests/transfer"]),
     "executor": ([TORCH, CORE, TRANSFER, f"{EXECUTOR}[cpu]", "openai", "httpx", "safetensors"], ["tests/executor"]),

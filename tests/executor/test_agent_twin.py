@@ -328,3 +328,20 @@ async def test_an_executor_killed_mid_apply_comes_back_with_a_full_sync(config_p
             applied = await again.controller.arrival(WeightApplied, timeout=30, where=lambda w: w.version == 2)
     assert applied.ok and applied.full_sync and applied.weights_digest == announce.manifest_digest
     np.testing.assert_array_equal(again.launcher.engines[1].weights.arrays()["w"], versions[2]["w"])
+
+
+async def test_an_executor_whose_launcher_is_gone_stops_itself(config_path: Path) -> None:
+    """`rose run` passes --parent-pid: a launcher killed with SIGKILL must not leave its executors running."""
+    server = InProcessServer(SECRET)
+    controller = ControllerPeer(SECRET, server)
+    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-3", secret=SECRET,
+                           parent_pid=os.getppid() + 1)  # not this process's parent: the launcher is gone
+    agent = ExecutorAgent(load_executor_config(config_path), options, FakeEngineLauncher(MODELS),
+                          connect=InProcessClient)
+    task = asyncio.create_task(agent.run())
+    try:
+        await controller.arrival(Hello, timeout=10)
+        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        assert await asyncio.wait_for(task, 60) == 1
+    finally:
+        server.close()

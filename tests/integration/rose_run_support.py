@@ -34,7 +34,7 @@ class LiveRun:
         config.write_text(config_text)
         self.report_path = work / "report.json"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rose_core", "run", "--steps", str(steps), "--config", str(config),
+            [sys.executable, "-m", "rose_core", "-v", "run", "--steps", str(steps), "--config", str(config),
              "--report", str(self.report_path), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -59,8 +59,14 @@ class LiveRun:
             lines.put(line)
 
     def _drain(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self._stderr.append(line)
+        """Keep the run's log (``rose -v``: the controller's stalls, re-routes and discards), and a copy beside the
+        executors' logs, where it stays for a look after a test that hung or timed out."""
+        copy = self.work / "rose-run.log"
+        with copy.open("a") as out:
+            for line in stream:  # type: ignore[attr-defined]
+                self._stderr.append(line)
+                out.write(line)
+                out.flush()
 
     def wait_for_row(self, step: int, timeout_s: float = 600) -> None:
         """Until the per-step table printed ``step``'s row (that step, and its weight sync, are done)."""

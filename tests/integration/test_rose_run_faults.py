@@ -49,12 +49,20 @@ burst_rps = 1.5
 ttft_ms = 5000
 tpot_ms = 1000
 
+[controller]
+turn_timeout_s = 60
+
 [executors.serving_overrides]
 device_memory_bytes = {device}
 slo_from_profile = 25
 """
 
 
+# `turn_timeout_s = 60`: a turn held longer than that on an executor that still heartbeats is re-routed (the
+# product's bound on a hold; its default is 600 s). A clean-clone CI run of this test once stopped advancing
+# in its last step for the whole test timeout with both executors heartbeating and idle at INFO; that fits a
+# turn held on one of them, and a minute's bound lets the run re-route it and finish (the report counts it
+# in turns_rerouted, which the assertions below allow).
 # The RL settings from before the demo's faster-learning defaults (grpo, lr 1e-3, no evaluation): the policy
 # stays near random, so its turns keep generating their 64 tokens and hold KV when the burst arrives (at the
 # demo's lr 3e-3 it soon answers in a few tokens, and a burst can find no turn to abort). This test is about

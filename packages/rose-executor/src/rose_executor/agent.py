@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ class AgentOptions:
     executor_id: str
     secret: bytes
     metrics_endpoint: str = ""
+    parent_pid: int | None = None
+    """The launcher (`rose run`): when it is gone (this process was re-parented), the executor stops; a
+    controller killed with SIGKILL must not leave its executors running (nothing would ever stop them)."""
 
 
 class ExecutorAgent:
@@ -308,6 +312,10 @@ class ExecutorAgent:
         while True:
             if any(engine.errored for engine in self._engines):
                 self.request_stop("a vLLM engine died; see the log above", exit_code=1)
+                return
+            parent = self.options.parent_pid
+            if parent is not None and os.getppid() != parent:
+                self.request_stop(f"its launcher (pid {parent}) is gone", exit_code=1)
                 return
             self._send_heartbeat(link)
             await asyncio.sleep(self._heartbeat_s)

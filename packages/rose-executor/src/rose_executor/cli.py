@@ -50,6 +50,8 @@ def agent_options(required: bool) -> Callable[[F], F]:
                          help="Prometheus port; 0 picks a free one."),
             click.option("--log-level", default="INFO", show_default=True,
                          type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])),
+            click.option("--parent-pid", default=None, type=int,
+                         help="Stop when this process (the launcher, e.g. `rose run`) is gone."),
         ]  # fmt: skip
         for option in reversed(options):
             f = option(f)
@@ -103,6 +105,7 @@ def run_agent(
     secret_file: str | None,
     metrics_port: int,
     log_level: str,
+    parent_pid: int | None = None,
 ) -> None:
     """Configure logging, load the config and the secret, serve metrics, run the agent; exit with its code."""
     logging.basicConfig(level=log_level, format=LOG_FORMAT, stream=sys.stderr)
@@ -122,6 +125,7 @@ def run_agent(
         executor_id=executor_id or f"{socket.gethostname()}-{role}",
         secret=secret,
         metrics_endpoint=metrics,
+        parent_pid=parent_pid,
     )
 
     async def agent() -> int:

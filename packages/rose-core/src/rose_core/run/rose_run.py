@@ -172,7 +172,7 @@ class Launch:
             path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
             argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,
                     "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
-                    "--metrics-port", "0", "--log-level", executor_log_level()]
+                    "--metrics-port", "0", "--log-level", executor_log_level(), "--parent-pid", str(os.getpid())]
             self.children.start(f"executor-{role}-{i}", argv)
         self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
         t0 = time.monotonic()
