@@ -70,38 +70,30 @@ class LiveRun:
 
     def wait_for_row(self, step: int, timeout_s: float = 600) -> None:
         """Until the per-step table printed ``step``'s row (that step, and its weight sync, are done)."""
-        row = re.compile(rf"^\s*{step}\s+\d+\s+\d+\s")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self._lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"rose run ended before step {step}: {self.tail()}") from None
-                continue
-            self.stdout.append(line)
-            if row.match(line):
-                return
-        raise AssertionError(f"no row for step {step} within {timeout_s:.0f} s: {self.tail()}")
+        self._await_line(re.compile(rf"^\s*{step}\s+\d+\s+\d+\s"), f"step {step}'s row", timeout_s)
 
     def wait_for_line(self, pattern: str, timeout_s: float = 600) -> re.Match[str]:
-        """Until stdout printed a line matching ``pattern`` (searched); its match."""
+        """Until stdout printed a line matching ``pattern`` (searched, printed lines included); its match."""
         wanted = re.compile(pattern)
         for line in self.stdout:
             if found := wanted.search(line):
                 return found
+        return self._await_line(wanted, repr(pattern), timeout_s)
+
+    def _await_line(self, wanted: re.Pattern[str], what: str, timeout_s: float) -> re.Match[str]:
+        """The match of the next line ``wanted`` finds (each line read is kept in ``stdout``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 line = self._lines.get(timeout=0.5)
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"rose run ended before printing {pattern!r}: {self.tail()}") from None
+                    raise AssertionError(f"rose run ended before printing {what}: {self.tail()}") from None
                 continue
             self.stdout.append(line)
             if found := wanted.search(line):
                 return found
-        raise AssertionError(f"no line {pattern!r} within {timeout_s:.0f} s: {self.tail()}")
+        raise AssertionError(f"no {what} within {timeout_s:.0f} s: {self.tail()}")
 
     def rows_so_far(self) -> int:
         """The last step whose row the table has printed by now (0: none), reading what is queued."""
