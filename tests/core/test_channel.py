@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -13,8 +14,9 @@ from hypothesis import given, settings
 
 from rose_core import messages as m
 from rose_core.auth import Signer
-from rose_core.channel import ControlClient, ControlServer
+from rose_core.channel import SEND_HWM, ControlClient, ControlServer
 from rose_core.errors import RoseError
+from rose_core.metrics import DROPPED_MESSAGES, free_port
 from rose_core.serde import Encoder
 from rose_core.wire import MAGIC, Framer, envelope
 
@@ -88,14 +90,90 @@ def test_bad_frames_are_rejected_and_the_server_keeps_working(
 
 
 def test_oversized_messages_are_rejected() -> None:
+    """Frames of one message that are each under the limit but together over it: opened, counted, dropped."""
     with ControlServer("tcp://127.0.0.1:0", SECRET, max_message_bytes=10_000) as srv:
         before = rejected("oversized")
         with ControlClient(srv.address, SECRET, "big") as client:
-            client.send(m.ErrorReport(code="x", message="y" * 20_000))
+            client.send(m.TurnResult(turn_id="t", trajectory_id="x", attempt=0, executor_id="big", weight_version=0,
+                                     output_token_ids=np.arange(1500, dtype=np.int32),  # 6,000 bytes per frame
+                                     output_logprobs=np.zeros(1500, dtype=np.float32), finish_reason="length"))
             client.send(hello("big"))
             got = srv.recv(5)
             assert got is not None and got[1] == hello("big")
         assert rejected("oversized") == before + 1
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_buffered_whole() -> None:
+    """libzmq drops a connection whose frame is larger than the limit (``MAXMSGSIZE``) as the frame's header
+    arrives: nothing of it is delivered, and the server goes on with everyone else."""
+    with ControlServer("tcp://127.0.0.1:0", SECRET, max_message_bytes=10_000) as srv:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(srv.address)
+        try:
+            sock.send_multipart([b"x" * 20_000_000])  # 20 MB: the server holds at most its receive buffer of it
+            assert srv.recv(0.5) is None
+            with ControlClient(srv.address, SECRET, "after") as client:
+                client.send(hello("after"))
+                got = srv.recv(5)
+                assert got is not None and got[1] == hello("after")
+        finally:
+            sock.close(0)
+            ctx.term()
+
+
+def test_a_peer_that_never_reads_costs_the_others_nothing(server: ControlServer) -> None:
+    """A peer that connects, says Hello and never reads (a stopped dashboard, a half-open link): what the server
+    sends it fills its queue and the socket buffers, then is dropped and counted; no send ever blocks, and the
+    other peers' messages go both ways throughout."""
+    ctx = zmq.Context()
+    stalled = ctx.socket(zmq.DEALER)
+    stalled.setsockopt(zmq.LINGER, 0)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    stalled.setsockopt(zmq.ROUTING_ID, b"stalled")
+    stalled.connect(server.address)
+    before = dropped("peer_full")
+    try:
+        stalled.send_multipart(sealed_hello("stalled"))
+        assert server.recv(5) is not None
+        with ControlClient(server.address, SECRET, "good") as good:
+            good.send(hello("good"))
+            assert server.recv(5) is not None
+            big = m.ErrorReport(code="status", message="s" * 50_000)
+            for i in range(4000):  # 200 MB: more than the peer's queue and every buffer on the way
+                server.send(b"stalled", big)
+                if i % 500 == 0:
+                    server.send(b"good", m.ErrorReport(code="ping", message=str(i)))
+                    got = good.recv(10)
+                    assert got is not None and got[1].message == str(i)
+                    good.send(hello("good"))
+                    assert server.recv(10) is not None
+            _wait_for(lambda: dropped("peer_full") > before)
+            assert server.dropped > 0
+    finally:
+        stalled.close(0)
+        ctx.term()
+
+
+def test_a_client_whose_server_is_gone_never_blocks() -> None:
+    """An executor's DEALER with no controller: it queues up to its high-water mark, drops the rest (counted),
+    and closes at once (it used to block its sender forever)."""
+    with ControlClient(f"tcp://127.0.0.1:{free_port()}", SECRET, "alone") as client:
+        for _ in range(3000):
+            client.send(hello("alone"))
+        _wait_for(lambda: client.dropped >= 3000 - SEND_HWM)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def dropped(reason: str) -> float:
+    return float(DROPPED_MESSAGES.labels(reason)._value.get())
 
 
 def test_busy_port_is_one_clear_error(server: ControlServer) -> None:

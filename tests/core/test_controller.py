@@ -180,6 +180,42 @@ def test_observer_receives_status_snapshots(controller: Controller) -> None:
         assert [e.executor_id for e in snap.executors] == ["d1"]
 
 
+def test_an_observer_may_only_watch(controller: Controller) -> None:
+    """The dashboard's connection cannot act for an executor: every executor message from it is refused, counted."""
+    before = REJECTED_MESSAGES.labels("wrong_role")._value.get()
+    with join(controller, "d1"), InProcessClient(controller.address, SECRET, "tui") as tui:
+        controller.submit_turn(turn(1))
+        controller.pump(0)
+        tui.send(m.Hello(peer_id="tui", kind="observer"))
+        controller.pump(0)
+        req = controller.scheduler.running
+        forged = [
+            m.Register(executor_id="tui", role="dedicated", device="cpu", host="h", models=[], memory_bytes=1,
+                       rollout_capacity=4, weight_version=0),
+            m.Heartbeat(executor_id="d1", seq=1, sent_at=0.0, load=m.LoadReport(revoked=True)),
+            m.TurnAborted(turn_id="t1", trajectory_id="x1", attempt=0, executor_id="d1", reason="forged"),
+            m.WeightApplied(executor_id="d1", version=7, seconds=0.1, bytes_received=1),
+        ]
+        for msg in forged:
+            tui.send(msg)
+            controller.pump(0)
+        assert REJECTED_MESSAGES.labels("wrong_role")._value.get() == before + len(forged)
+        assert set(controller.executors) == {"d1"} and not controller.executors["d1"].revoked
+        assert controller.scheduler.running == req == 1 and controller.stats.reroutes == 0
+        assert 7 not in controller.executors["d1"].applied
+
+
+def test_an_executor_speaks_only_for_itself(controller: Controller) -> None:
+    before = REJECTED_MESSAGES.labels("not_owner")._value.get()
+    with join(controller, "d1"), join(controller, "d2") as d2:
+        d2.send(m.Goodbye(peer_id="d1", reason="evicting someone else"))
+        controller.pump(0)
+        d2.send(m.Heartbeat(executor_id="d1", seq=1, sent_at=0.0, load=m.LoadReport(revoked=True)))
+        controller.pump(0)
+        assert set(controller.executors) == {"d1", "d2"} and not controller.executors["d1"].revoked
+    assert REJECTED_MESSAGES.labels("not_owner")._value.get() == before + 2
+
+
 def test_goodbye_removes_the_executor_and_reroutes(controller: Controller) -> None:
     with join(controller, "d1") as d1:
         controller.submit_turn(turn(1))

@@ -20,6 +20,8 @@ import pytest
 import pytest_asyncio
 import torch
 
+from rose_core import messages as m
+from rose_core.auth import Signer
 from rose_core.errors import RoseError
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.messages import (
@@ -40,6 +42,7 @@ from rose_core.messages import (
 )
 from rose_core.metrics import free_port
 from rose_core.policy import LatencyModel
+from rose_core.wire import Framer
 from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.config import load_executor_config
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
@@ -286,6 +289,43 @@ async def test_shutdown_says_goodbye_and_gives_turns_back(executor: TwinExecutor
     assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
     assert await asyncio.wait_for(executor.task, 30) == 0
     assert all(e.num_unfinished_requests() == 0 for e in executor.launcher.engines)
+
+
+async def test_a_restarted_controller_gets_the_executor_back_and_its_old_turns_are_given_back(
+    executor: TwinExecutor,
+) -> None:
+    """What a controller that restarted answers (signed ``no_handshake``): Hello again, Register on the Welcome,
+    the old controller's turns given back; the engines and serving never stop."""
+    peer = executor.controller
+    peer.send(turn("old", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(ErrorReport(code="no_handshake", message="send Hello before anything else"))
+    hello = await peer.arrival(Hello, timeout=5)
+    assert (hello.peer_id, hello.kind) == ("ex-1", "executor")
+    aborted = await peer.arrival(TurnAborted, timeout=5, where=lambda a: a.turn_id == "old")
+    assert aborted.reason == "controller_restarted"
+    peer.send(ErrorReport(code="no_handshake", message="a second one while joining"))  # one Hello per attempt
+    await peer.quiet(0.5, lambda m: isinstance(m, Hello))
+    peer.send(Welcome(controller_id="restarted", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+    register = await peer.arrival(Register, timeout=5)
+    assert (register.executor_id, register.role, register.weight_version) == ("ex-1", "serving", 0)
+    assert executor.agent.rejoins == 1 and not executor.task.done()
+    assert (await executor.serve([1, 2, 3], 4)).token_ids  # production serving went on throughout
+    peer.send(turn("new"))
+    result = await peer.arrival(TurnResult, timeout=10, where=lambda r: r.turn_id == "new")
+    assert result.output_token_ids.size > 0
+
+
+async def test_a_forged_unsigned_notice_changes_nothing(executor: TwinExecutor) -> None:
+    """Anyone can send an unsigned notice (it is how a peer with the wrong secret is told why): shown, not acted on."""
+    peer = executor.controller
+    peer.send(turn("kept", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    forged = Framer(Signer(b"x" * 32), m.FromController).notice("no_handshake", "send Hello before anything else")
+    peer.server.send_frames(peer.peer, forged)  # type: ignore[attr-defined]
+    await peer.quiet(0.5, lambda msg: isinstance(msg, Hello | TurnAborted))
+    result = await peer.arrival(TurnResult, timeout=30, where=lambda r: r.turn_id == "kept")
+    assert result.output_token_ids.size > 0 and executor.agent.rejoins == 0
 
 
 async def test_a_dead_engine_stops_the_agent_with_exit_1(executor: TwinExecutor) -> None:

@@ -26,15 +26,18 @@ class LiveRun:
     """`rose run --steps N` in the background; stdout lines are queued for ``wait_for_row``."""
 
     def __init__(self, work: Path, config_text: str, steps: int, timeout_s: float = 1500,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), command: str = "run", name: str = "") -> None:
+        """``command``: ``run``, or ``controller`` (executors started by the test); ``name`` tells apart the
+        report and log of several runs in one ``work``."""
         self.work = work
         self.timeout_s = timeout_s
         self.started = time.monotonic()
         config = work / "rose.toml"
         config.write_text(config_text)
-        self.report_path = work / "report.json"
+        self.report_path = work / f"report{name}.json"
+        self.log_path = work / f"rose-{command}{name}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rose_core", "-v", "run", "--steps", str(steps), "--config", str(config),
+            [sys.executable, "-m", "rose_core", "-v", command, "--steps", str(steps), "--config", str(config),
              "--report", str(self.report_path), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -61,8 +64,7 @@ class LiveRun:
     def _drain(self, stream: object) -> None:
         """Keep the run's log (``rose -v``: the controller's stalls, re-routes and discards), and a copy beside the
         executors' logs, where it stays for a look after a test that hung or timed out."""
-        copy = self.work / "rose-run.log"
-        with copy.open("a") as out:
+        with self.log_path.open("a") as out:
             for line in stream:  # type: ignore[attr-defined]
                 self._stderr.append(line)
                 out.write(line)

@@ -1,13 +1,17 @@
-"""Ctrl-C during `rose run`: every child process (executors and their vLLM engine cores) is gone after."""
+"""Ctrl-C during `rose run`: the documented exit status (130), the report written (error "interrupted"), and
+every child process (executors and their vLLM engine cores) gone after."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rose_core.cli import INTERRUPTED_EXIT
 
 
 def _processes_mentioning(needle: str) -> list[str]:
@@ -31,7 +35,7 @@ def test_interrupt_stops_every_child(tmp_path: Path) -> None:
     config.write_text(f'models_dir = "{tmp_path / "models"}"\nrun_dir = "{run_dir}"\n[rl]\nsteps = 50\n')
     marker = f"ROSE_TEST_MARKER_{os.getpid()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rose_core", "run", "--config", str(config)],
+        [sys.executable, "-m", "rose_core", "run", "--config", str(config), "--report", str(tmp_path / "r.json")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", marker: "1"},
     )
@@ -51,8 +55,8 @@ def test_interrupt_stops_every_child(tmp_path: Path) -> None:
     rest, _ = proc.communicate(timeout=120)
     output = "".join(lines) + rest
     assert "interrupted" in output, output[-3000:]
-    # 1: stopped early; 130 or -SIGINT: the conventional Ctrl-C exits (one CI run ended -2 after printing
-    # its report, with every child already stopped; the orphan check below is what this test is for)
-    assert proc.returncode in (1, 130, -signal.SIGINT), output[-3000:]
+    assert proc.returncode == INTERRUPTED_EXIT, output[-3000:]
+    assert json.loads((tmp_path / "r.json").read_text())["error"] == "interrupted"
+    assert f"report: {tmp_path / 'r.json'}" in output
     time.sleep(1.0)
     assert _processes_mentioning(marker) == [], "processes left behind after Ctrl-C"

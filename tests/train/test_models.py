@@ -56,7 +56,7 @@ def test_generation_is_cached_and_redone_when_interrupted(tmp_path: Path) -> Non
     paths = ensure_models(tmp_path)
     weights = paths.policy / "model.safetensors"
     first_bytes, first_mtime = weights.read_bytes(), weights.stat().st_mtime_ns
-    assert json.loads((tmp_path / MARKER).read_text())["format"] >= 1
+    assert json.loads((tmp_path / MARKER).read_text())["fingerprint"]["format"] >= 1
     assert ensure_models(tmp_path) == paths
     assert weights.stat().st_mtime_ns == first_mtime
     (tmp_path / MARKER).unlink()
@@ -64,6 +64,27 @@ def test_generation_is_cached_and_redone_when_interrupted(tmp_path: Path) -> Non
     ensure_models(tmp_path)
     assert weights.read_bytes() == first_bytes
     assert (paths.serving / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "remove"])
+def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The marker alone said "complete": a truncated safetensors file was reused and crashed deep in
+    transformers or vLLM. Now every file's size and SHA-256 are checked."""
+    paths = ensure_models(tmp_path)
+    weights = paths.serving / "model.safetensors"
+    good = weights.read_bytes()
+    if damage == "truncate":
+        weights.write_bytes(good[: len(good) // 2])
+    elif damage == "flip":
+        weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    else:
+        weights.unlink()
+    with caplog.at_level("WARNING", logger="rose_core.rl.models"):
+        assert ensure_models(tmp_path) == paths
+    assert weights.read_bytes() == good
+    assert "serving/model.safetensors" in caplog.text and "rebuilding it" in caplog.text
 
 
 def test_missing_tokenizer_is_a_one_line_error(tmp_path: Path) -> None:

@@ -5,6 +5,21 @@ thread through an inproc pipe and receive decoded messages from a queue or a cal
 opened, and rejected when it must be, by ``rose_core.inbound.Inbound`` (shared with the in-process twin,
 ``rose_core.inprocess_channel``): every rejected frame is logged, counted in
 ``rose_rejected_messages_total{reason}`` and dropped; the endpoint and its other peers keep working.
+
+No peer can stall an endpoint (rules, not buffer sizes):
+
+- The I/O thread never blocks on a send. A message for a peer whose queue is full (``SEND_HWM``
+  messages it has not read: a stopped dashboard, a half-open link) or that is gone is dropped and
+  counted in ``rose_dropped_messages_total{reason}``; the senders' inproc pipe is unbounded, so a caller
+  (the controller's loop, the executor's event loop) never blocks either. Everything the control plane
+  sends is either repeated (heartbeats, status) or covered by a timeout on the other side (turns).
+- ZMQ heartbeats on every connection (``HEARTBEAT_*``): a peer silent for ``HEARTBEAT_TIMEOUT_MS`` is
+  disconnected, its queue freed; a DEALER reconnects by itself.
+- A DEALER whose controller is down queues up to ``SEND_HWM`` messages for the next one and drops the
+  rest (a restarted controller answers that stale burst's first message with ``no_handshake``, and the
+  executor joins it again: ``rose_executor.agent``).
+- ``MAXMSGSIZE``: libzmq drops a connection whose frame is larger than the message limit before it
+  is buffered whole (before authentication).
 """
 
 from __future__ import annotations
@@ -25,11 +40,17 @@ from rose_core.control_endpoint import ClientCallback, ServerCallback
 from rose_core.errors import RoseError
 from rose_core.inbound import Inbound
 from rose_core.messages import FromController, ToController
+from rose_core.metrics import DROPPED_MESSAGES
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 
 log = logging.getLogger(__name__)
 InT = TypeVar("InT")
 _ids = itertools.count()
+SEND_HWM = 1000
+"""Messages queued for one peer before later ones to it are dropped."""
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 10_000
+"""A connection silent this long (no message, no ZMQ heartbeat) is closed."""
 
 
 class _Endpoint(Inbound[InT]):
@@ -48,18 +69,27 @@ class _Endpoint(Inbound[InT]):
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(sock_type)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self._sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
         self._send_framer = Framer(signer, decode_type, max_message_bytes)
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)  # unbounded: the I/O thread drains it and never blocks
         self._pull.bind(self._pipe_addr)
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, 0)
         self._push.connect(self._pipe_addr)
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._queued = 0
         self._forwarded = 0
+        self.dropped = 0
+        """Outgoing messages dropped since start (their peer's queue was full, or it was gone)."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -107,11 +137,18 @@ class _Endpoint(Inbound[InT]):
             except zmq.Again:
                 return
             try:
-                self._sock.send_multipart(frames, copy=False)
+                self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as exc:
-                log.debug("dropped an outgoing message: %s", exc)
+                self._dropped(frames, exc)
             finally:
                 self._forwarded += 1
+
+    def _dropped(self, frames: list[Any], exc: zmq.ZMQError) -> None:
+        reason = "peer_full" if exc.errno == zmq.EAGAIN else "peer_gone"
+        DROPPED_MESSAGES.labels(reason).inc()
+        self.dropped += 1
+        if self.dropped <= 20 or self.dropped % 1000 == 0:
+            log.warning("dropped an outgoing message (%s, %d so far): %s", reason, self.dropped, exc)
 
     def _drain_inbound(self) -> None:
         for _ in range(1024):
@@ -124,9 +161,9 @@ class _Endpoint(Inbound[InT]):
 
     def _send_raw(self, peer: bytes, frames: list[Any]) -> None:
         try:
-            self._sock.send_multipart(self._route(peer, frames), copy=False)
+            self._sock.send_multipart(self._route(peer, frames), zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:
-            log.debug("could not notify %r: %s", peer, exc)
+            log.debug("could not notify %r: %s", peer[:32], exc)
 
     def _send(self, peer: bytes, msg: msgspec.Struct) -> None:
         with self._push_lock:

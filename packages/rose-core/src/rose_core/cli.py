@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rose_core.sim.scenario_run import Progress
 
 PROGRAM = "rose"
+INTERRUPTED_EXIT = 130
+"""`rose run` / `rose controller` stopped by Ctrl-C or SIGTERM (the report is still written, with error "interrupted")."""
 
 
 @click.group(cls=RoseGroup, program=PROGRAM)
@@ -126,7 +128,7 @@ def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
                          resume=Path(opts.resume_path) if opts.resume_path else None)
     except KeyboardInterrupt:
         click.echo("rose: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT)
     data = report.to_dict()
     if opts.report_path:
         Path(opts.report_path).parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +142,7 @@ def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
     if opts.plot_path and report.steps:
         plot_run(report.steps, Path(opts.plot_path))
         say(f"plot: {opts.plot_path}")
-    sys.exit(0 if report.ok else 1)
+    sys.exit(INTERRUPTED_EXIT if report.error == "interrupted" else 0 if report.ok else 1)
 
 
 def _progress_printer(enabled: bool) -> Callable[[StepStatus], None]:

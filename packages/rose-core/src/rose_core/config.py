@@ -59,9 +59,10 @@ class ControllerConfig(ConfigSection):
     re-routed and cancelled there; 0: no bound."""
 
     def __post_init__(self) -> None:
-        require_positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s)
+        require_positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s,
+                         status_interval_s=self.status_interval_s)
         require_non_negative(turn_timeout_s=self.turn_timeout_s)
-        require_port(port=self.port)
+        require_port(port=self.port, metrics_port=self.metrics_port)
         if self.stall_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("`stall_timeout_s` must exceed `heartbeat_interval_s`")
 
@@ -210,7 +211,12 @@ class RLConfig(ConfigSection):
             max_tokens_per_turn=self.max_tokens_per_turn,
             lr=self.lr,
             epochs=self.epochs,
+            max_context_tokens=self.max_context_tokens,
+            env_size=self.env_size,
+            turn_timeout_s=self.turn_timeout_s,
+            weight_sync_timeout_s=self.weight_sync_timeout_s,
         )
+        require_non_negative(temperature=self.temperature)
         if self.group_size < 2:
             raise ValueError("`group_size` must be >= 2 (GRPO normalises rewards within a group)")
         self._apply_algorithm()
@@ -269,7 +275,9 @@ class LoadConfig(ConfigSection):
     empty: equal shares."""
 
     def __post_init__(self) -> None:
-        require_positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight)
+        require_positive(base_rps=self.base_rps, burst_rps=self.burst_rps, max_in_flight=self.max_in_flight,
+                         mean_calm_s=self.mean_calm_s, mean_burst_s=self.mean_burst_s,
+                         prompt_tokens=self.prompt_tokens, max_tokens=self.max_tokens)
         if any(s < 0 for s in self.endpoint_shares) or (self.endpoint_shares and sum(self.endpoint_shares) <= 0):
             raise ValueError("`endpoint_shares` must be >= 0 with a positive sum (one per serving executor)")
 
@@ -317,7 +325,8 @@ class ExecutorsConfig(ConfigSection):
     def __post_init__(self) -> None:
         if self.dedicated < 0 or self.serving < 0 or self.dedicated + self.serving == 0:
             raise ValueError("need at least one executor (`dedicated` + `serving` >= 1)")
-        require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity)
+        require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity,
+                         start_timeout_s=self.start_timeout_s)
 
 
 class ModelConfig(ConfigSection):

@@ -13,8 +13,17 @@ REJECTED_MESSAGES = Counter(
     "Control-plane frames rejected, by reason.",
     ["reason"],
 )
-for _reason in ("malformed", "oversized", "unauthenticated", "unknown_type", "wrong_version", "no_handshake"):
+for _reason in ("malformed", "oversized", "unauthenticated", "unknown_type", "wrong_version", "no_handshake",
+                "wrong_role", "not_owner"):
     REJECTED_MESSAGES.labels(_reason)
+
+DROPPED_MESSAGES = Counter(
+    "rose_dropped_messages_total",
+    "Outgoing control-plane messages dropped: the peer's queue was full (it stopped reading) or it was gone.",
+    ["reason"],
+)
+for _reason in ("peer_full", "peer_gone"):
+    DROPPED_MESSAGES.labels(_reason)
 
 
 def serve_metrics(host: str, port: int) -> str:

@@ -28,6 +28,8 @@ SIGNED = 0
 UNSIGNED_NOTICE = 1
 SIGNED_POLY1305 = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+UNSIGNED_REF = "unsigned"
+"""The ``ref`` of every unsigned notice a ``Framer`` opens (set by the receiver): display it, never act on it."""
 
 
 def envelope(flags: int = SIGNED, version: int = PROTOCOL_VERSION) -> bytes:
@@ -63,7 +65,7 @@ class Framer:
 
     def notice(self, code: str, message: str) -> list[Any]:
         """An unsigned error notice for a peer we cannot (or must not) talk to."""
-        payload = self._encoder.encode(ErrorReport(code=code, message=message, ref="unsigned"))
+        payload = self._encoder.encode(ErrorReport(code=code, message=message, ref=UNSIGNED_REF))
         return [envelope(UNSIGNED_NOTICE), bytes(MAC_BYTES), *payload]
 
     def open(self, frames: Sequence[Any]) -> Any:
@@ -77,8 +79,8 @@ class Framer:
         if len(env) != _ENV.size or env[:4] != MAGIC:
             raise ProtocolError("malformed", "not a ROSE frame (bad envelope)")
         _, version, flags = _ENV.unpack(env)
-        if flags == UNSIGNED_NOTICE:
-            return self._notice_decoder.decode(payload)
+        if flags == UNSIGNED_NOTICE:  # its ref is ours, not the sender's: nobody can pass one off as signed
+            return msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF)
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
                 "wrong_version",

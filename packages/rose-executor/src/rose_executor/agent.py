@@ -8,6 +8,11 @@ One RL job per serving host: a serving executor holds the lending lease of its e
 (``lending_lease``); one started for the same endpoint by another job tells its controller who holds it
 (``ErrorReport`` ``already_lent``) and stops.
 
+A controller that restarted (or lost this executor) answers its next message with ``no_handshake`` or
+``not_registered``: the executor joins it again (Hello, Welcome, Register) and gives back the turns the old
+one sent; its engines and production serving never stop. While the controller is down, what the executor
+sends is queued or dropped by the channel (``rose_core.channel``), never waited on.
+
 Revocation (serving role): SIGUSR1 (``rose-executor revoke``), or serving without SLO headroom for
 ``revoke_after_pressure_s``, takes the host back from the RL job: a heartbeat saying ``revoked`` goes out at
 once (the controller re-routes this host's turns and borrows no more of it), then every in-flight turn is
@@ -47,6 +52,7 @@ from rose_core.messages import (
     WeightAnnounce,
     Welcome,
 )
+from rose_core.wire import UNSIGNED_REF
 from rose_executor import __version__
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
@@ -67,6 +73,8 @@ from rose_executor.serving.openai_server import OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
 
 log = logging.getLogger(__name__)
+REJOIN_CODES = ("no_handshake", "not_registered")
+"""What a controller that does not know this executor answers (signed): join it again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,9 @@ class ExecutorAgent:
         self._controller_id = ""
         self._lease: LendingLease | None = None
         self._heartbeat_seq = 0
+        self._rejoining: float | None = None  # when this executor sent Hello to a controller that lost it
+        self._rejoin_aborts: list[asyncio.Future[None]] = []
+        self.rejoins = 0
 
     @property
     def executor_id(self) -> str:
@@ -317,6 +328,8 @@ class ExecutorAgent:
             if parent is not None and os.getppid() != parent:
                 self.request_stop(f"its launcher (pid {parent}) is gone", exit_code=1)
                 return
+            if self._rejoining is not None and time.monotonic() - self._rejoining > self.config.welcome_timeout_s:
+                self._rejoining = None  # no Welcome: the next message's no_handshake starts another attempt
             self._send_heartbeat(link)
             await asyncio.sleep(self._heartbeat_s)
 
@@ -347,11 +360,40 @@ class ExecutorAgent:
             case Shutdown():
                 self.request_stop(f"the controller asked ({msg.reason or 'no reason given'})")
             case ErrorReport():
-                log.warning("controller reports %s: %s", msg.code, msg.message)
-            case Welcome() | StatusSnapshot():
+                self._on_error_report(msg)
+            case Welcome():
+                self._on_welcome(msg)
+            case StatusSnapshot():
                 pass
             case _:
                 assert_never(msg)
+
+    def _on_error_report(self, msg: ErrorReport) -> None:
+        log.warning("controller reports %s%s: %s", msg.code, " (unsigned)" if msg.ref == UNSIGNED_REF else "",
+                    msg.message)
+        if msg.code in REJOIN_CODES and msg.ref != UNSIGNED_REF:  # an unsigned notice is shown, never acted on
+            self._rejoin(msg.code)
+
+    def _rejoin(self, why: str) -> None:
+        """The controller does not know this executor (it restarted): say Hello again; Register on its Welcome."""
+        if self._rejoining is not None or self._link is None or self._stop.is_set():
+            return
+        self._rejoining = time.monotonic()
+        log.warning("the controller answered %s: it restarted or lost this executor; joining it again "
+                    "(engines and serving go on)", why)
+        self._link.send(Hello(peer_id=self.executor_id, kind="executor", software=f"rose-executor {__version__}"))
+        if self._runner is not None:  # the old controller's turns: the new one re-runs what it needs
+            self._rejoin_aborts = self._runner.abort_now("controller_restarted")
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        if self._rejoining is None or self._link is None:
+            return
+        self._rejoining = None
+        self._heartbeat_s = msg.heartbeat_interval_s
+        self._controller_id = msg.controller_id
+        self._link.send(self._register_message())
+        self.rejoins += 1
+        log.info("executor %s registered again with %s as %s", self.executor_id, msg.controller_id, self.options.role)
 
     def load_report(self) -> LoadReport:
         runner = self._runner
@@ -411,6 +453,7 @@ class ExecutorAgent:
         reason = self._stop_reason or "stopped"
         if self._revoking is not None:
             await asyncio.gather(self._revoking, return_exceptions=True)
+        await asyncio.gather(*self._rejoin_aborts, return_exceptions=True)
         if self._runner is not None:
             self._runner.refuse("shutdown")
             aborted = await self._runner.abort_all("shutdown")

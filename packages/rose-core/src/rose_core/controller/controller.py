@@ -72,6 +72,8 @@ class ControllerStats:
     turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prompt_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prefix_hit_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+    retired: dict[str, str] = field(default_factory=dict)
+    """Executors taken out of the job, and why."""
 
     def prefix_hit_ratio(self, role: str) -> float:
         """Accepted turns' prompt tokens served from the prefix cache, in ``role``'s pool."""
@@ -202,13 +204,35 @@ class Controller:
                 alive()
             self.pump(0.1)
 
+    def retire(self, executor_id: str, reason: str) -> int:
+        """Take an executor out of the job (its apply failed, its process exited): its turns are re-routed, it
+        is told to stop, and nothing more is sent to it. Returns how many turns moved. It may join again
+        (Hello, Register) and gets the next version like any new executor."""
+        rec = self.executors.pop(executor_id, None)
+        if rec is None:
+            return 0
+        moved = self.scheduler.remove_worker(self.clock(), executor_id, "retired")
+        self.stats.reroutes += len(moved)
+        self.stats.retired[executor_id] = reason
+        metrics.TURNS_REROUTED.labels("retired").inc(len(moved))
+        self.server.send(rec.peer, Shutdown(reason=f"taken out of the job: {reason}"))
+        self._peers.pop(rec.peer, None)
+        log.warning("executor %s taken out of the job (%s); %d turns re-routed; %d executors go on",
+                    executor_id, reason, len(moved), len(self.executors))
+        self._update_executor_gauge()
+        return len(moved)
+
     def announce_weights(
-        self, announce: WeightAnnounce, timeout: float, *, publish_s: float = 0.0, export_s: float = 0.0
+        self, announce: WeightAnnounce, timeout: float, *, publish_s: float = 0.0, export_s: float = 0.0,
+        alive: Callable[[], None] | None = None,
     ) -> dict[str, WeightApplied]:
-        """Send a new version to every executor and wait until each applied it (or failed, or left).
+        """Send a new version to every executor and wait until each applied it (or failed, stalled or left).
 
         ``publish_s`` (of which ``export_s`` is the trainer's export): what the caller spent making the version
-        fetchable before this call; the sync's whole and its breakdown (``last_sync``) count it."""
+        fetchable before this call; the sync's whole and its breakdown (``last_sync``) count it. ``alive`` is
+        called while waiting (the job's watchdog: it may retire an executor whose process exited). A stalled
+        executor is not waited for: it holds the old version, gets no turn outside its window, and takes the
+        next version when it is back."""
         started = self.clock()
         targets = {eid: rec.peer for eid, rec in self.executors.items() if rec.state != "gone"}
         sent_at: dict[str, float] = {}
@@ -219,11 +243,14 @@ class Controller:
         while True:
             done = {eid: rec.applied[announce.version] for eid, rec in self.executors.items()
                     if announce.version in rec.applied}
-            pending = [eid for eid in targets if eid in self.executors and eid not in done]
+            pending = [eid for eid in targets
+                       if eid in self.executors and eid not in done and self.executors[eid].state != "stalled"]
             if not pending:
                 break
             if self.clock() - started > timeout:
                 raise TimeoutError(f"executors {pending} did not apply weight version {announce.version} in {timeout:.0f}s")
+            if alive is not None:
+                alive()
             self.pump(0.05)
         announce_s = self.clock() - started
         parts = {eid: ExecutorSync.of(a, self.executors[eid].applied_at[announce.version] - sent_at[eid],
@@ -303,6 +330,8 @@ class Controller:
             log.warning("rejected %s from %r: no handshake", type(msg).__name__, peer)
             self.server.send(peer, ErrorReport(code="no_handshake", message="send Hello before anything else"))
             return
+        if not self._may_send(peer, msg):
+            return
         match msg:  # mypy checks that every member of ToController has a case (a new one fails at `unhandled`)
             case Register():
                 self._on_register(peer, msg)
@@ -319,6 +348,24 @@ class Controller:
             case _:
                 unhandled: Never = msg
                 log.warning("ignored %s from %r: not for the controller", type(unhandled).__name__, peer)
+
+    def _may_send(self, peer: bytes, msg: ToController) -> bool:
+        """Role and ownership: an observer (the dashboard) may only say Goodbye; an executor speaks only for the
+        executor id it registered on this connection. Anything else is rejected and counted."""
+        if isinstance(msg, Goodbye):
+            rec = self.executors.get(msg.peer_id)
+            return self._allowed(rec is None or rec.peer == peer, "not_owner", peer, msg)
+        if self._peers.get(peer) != "executor":
+            return self._allowed(False, "wrong_role", peer, msg)
+        rec = self.executors.get(getattr(msg, "executor_id", ""))
+        return self._allowed(rec is None or rec.peer == peer, "not_owner", peer, msg)
+
+    @staticmethod
+    def _allowed(ok: bool, reason: str, peer: bytes, msg: ToController) -> bool:
+        if not ok:
+            REJECTED_MESSAGES.labels(reason).inc()
+            log.warning("rejected %s from %r (%s)", type(msg).__name__, peer[:32], reason)
+        return ok
 
     def _on_hello(self, peer: bytes, msg: Hello) -> None:
         if msg.protocol_version != PROTOCOL_VERSION:

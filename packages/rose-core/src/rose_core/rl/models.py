@@ -9,7 +9,9 @@ without it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import logging
 import shutil
 import unicodedata
 from collections import Counter
@@ -27,6 +29,7 @@ from rose_core.rl.frozenlake import ACTION_WORDS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+log = logging.getLogger(__name__)
 TRAIN_EXTRA = "rose-core[train]"
 GENERATION_SEED = 1234
 FORMAT_VERSION = 2
@@ -142,8 +145,9 @@ def _token_name(value: object) -> str | None:
 def ensure_models(cache_dir: Path) -> ModelPaths:
     """Generate the tokenizer and both models under ``cache_dir`` once; later calls reuse them.
 
-    A marker written last records what was generated, so an interrupted or outdated generation is redone.
-    Concurrent callers serialize on a lock file.
+    A marker written last records what was generated and the size and SHA-256 of every file, so an
+    interrupted or outdated generation, or a damaged cache (a truncated or edited file, one missing), is
+    rebuilt, with a warning naming the file. Concurrent callers serialize on a lock file.
     """
     paths = ModelPaths(policy=cache_dir / "policy", serving=cache_dir / "serving")
     if _is_complete(cache_dir):
@@ -168,9 +172,47 @@ def _fingerprint() -> dict[str, Any]:
 
 def _is_complete(cache_dir: Path) -> bool:
     try:
-        return bool(json.loads((cache_dir / MARKER).read_text()) == _fingerprint())
+        marker = json.loads((cache_dir / MARKER).read_text())
     except (OSError, ValueError):
         return False
+    if not isinstance(marker, dict) or marker.get("fingerprint") != _fingerprint():
+        return False
+    damage = _damage(cache_dir, marker.get("files"))
+    if damage:
+        log.warning("the model cache at %s is damaged (%s): rebuilding it", cache_dir, damage)
+    return not damage
+
+
+def _file_digests(cache_dir: Path) -> dict[str, list[Any]]:
+    """Every file of both model directories: relative path -> [size, sha256]."""
+    out: dict[str, list[Any]] = {}
+    for name in ("policy", "serving"):
+        for file in sorted((cache_dir / name).rglob("*")):
+            if file.is_file():
+                out[str(file.relative_to(cache_dir))] = [file.stat().st_size, _sha256(file)]
+    return out
+
+
+def _damage(cache_dir: Path, recorded: object) -> str:
+    """What differs from the marker's file list ('' when nothing does)."""
+    if not isinstance(recorded, dict) or not recorded:
+        return "no file list in its marker"
+    for name, entry in recorded.items():
+        if not (isinstance(entry, list) and len(entry) == 2):
+            return f"its marker's entry for {name} is unreadable"
+        size, digest = entry
+        file = cache_dir / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} is {file.stat().st_size} bytes, was {size}"
+        if _sha256(file) != digest:
+            return f"{name} changed"
+    return ""
+
+
+def _sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def _generate(cache_dir: Path, paths: ModelPaths) -> None:
@@ -184,7 +226,7 @@ def _generate(cache_dir: Path, paths: ModelPaths) -> None:
     _save_model(POLICY_SPEC, tokenizer, paths.policy)
     _save_model(SERVING_SPEC, tokenizer, paths.serving)
     temporary = cache_dir / f"{MARKER}.tmp"
-    temporary.write_text(json.dumps(_fingerprint(), indent=1))
+    temporary.write_text(json.dumps({"fingerprint": _fingerprint(), "files": _file_digests(cache_dir)}, indent=1))
     temporary.replace(cache_dir / MARKER)
 
 

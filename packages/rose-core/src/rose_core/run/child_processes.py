@@ -20,6 +20,8 @@ class Child:
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    reported: bool = False
+    """``newly_exited`` has returned it already."""
 
     def last_lines(self, n: int = 3) -> str:
         try:
@@ -48,6 +50,16 @@ class ChildProcesses:
         child = Child(name, proc, log_path, log_file)
         self.children.append(child)
         return child
+
+    def newly_exited(self) -> list[tuple[Child, int]]:
+        """Children that exited since the last call, with their exit codes (each reported once)."""
+        out = []
+        for child in self.children:
+            code = child.proc.poll()
+            if code is not None and not child.reported:
+                child.reported = True
+                out.append((child, code))
+        return out
 
     def check_alive(self) -> None:
         """Raise a one-line error naming the first child that exited."""

@@ -225,10 +225,7 @@ class RLJob:
         state = trainer.load_checkpoint(path)
         weights = trainer.export_weights()
         announce = self.publisher.publish(state.weight_version, state.step, weights, layout=trainer.engine_layout())
-        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s)
-        failed = {eid: a.error for eid, a in applied.items() if not a.ok}
-        if failed:
-            raise RuntimeError(f"the resumed weights (version {announce.version}) failed on {failed}")
+        self._ship(announce)
         self.version = announce.version
         return int(state.step)
 
@@ -407,13 +404,22 @@ class RLJob:
             export_s = time.monotonic() - t0
             announce = self.publisher.publish(self.version + 1, step, weights, layout=trainer.engine_layout())
             publish_s = time.monotonic() - t0
-        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
-                                                   publish_s=publish_s, export_s=export_s)
-        failed = {eid: a.error for eid, a in applied.items() if not a.ok}
-        if failed:
-            raise RuntimeError(f"weight version {announce.version} failed on {failed}")
+        applied = self._ship(announce, publish_s=publish_s, export_s=export_s)
         self.version = announce.version
         return time.monotonic() - t0, sum(a.bytes_received for a in applied.values())
+
+    def _ship(self, announce: WeightAnnounce, publish_s: float = 0.0, export_s: float = 0.0) -> dict[str, Any]:
+        """Announce a version and wait for the executors; one whose apply failed is taken out of the job (its
+        engine rolled back: it must not run turns of the new window), and the job goes on on the rest."""
+        applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
+                                                   publish_s=publish_s, export_s=export_s, alive=self.watchdog)
+        for eid, a in applied.items():
+            if not a.ok:
+                self.controller.retire(eid, f"weight version {announce.version} failed: {a.error}")
+        if not self.controller.executors:
+            failed = {eid: a.error for eid, a in applied.items() if not a.ok}
+            raise RuntimeError(f"weight version {announce.version} failed on every executor: {failed}")
+        return {eid: a for eid, a in applied.items() if a.ok}
 
     # ---------------------------------------------------------------- report
 

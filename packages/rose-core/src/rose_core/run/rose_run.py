@@ -53,16 +53,27 @@ def require_extras(need_executor: bool = True) -> None:
         raise MissingExtraError("vLLM for the executors", "rose-executor[cpu]")
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+class Interrupted(KeyboardInterrupt):
+    """What Ctrl-C and SIGTERM raise during a run, instead of a bare ``KeyboardInterrupt``.
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    CPython flags a bare ``KeyboardInterrupt`` that leaves code run by ``exec()`` (a dataclass being created
+    while torch or transformers import) as unhandled even when it is caught further up, and at exit kills
+    itself with SIGINT whatever status it was asked to exit with (`rose run` then ended -2 instead of 130
+    in about half of the interrupts). It checks the exception's type exactly: a subclass is not flagged."""
+
+
+@contextmanager
+def signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread while the run goes."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 DEMO_SLO_FROM_PROFILE = 10.0
@@ -180,6 +191,18 @@ class Launch:
         self.say(f"executors ready in {time.monotonic() - t0:.0f}s: " + ", ".join(
             f"{r.executor_id} ({r.role})" for r in controller.executors.values()))
 
+    def watch_executors(self) -> None:
+        """The job's watchdog: an executor whose process exited is taken out of the job (its turns re-routed)
+        and the job goes on on the rest; with none left, one error naming the last one."""
+        controller = self._control()
+        for child, code in self.children.newly_exited():
+            executor_id = child.name.removeprefix("executor-")
+            why = f"its process exited with code {code}: {child.last_lines() or 'no output'} (log: {child.log_path})"
+            self.say(f"executor {executor_id} is gone ({why}); the job goes on without it")
+            controller.retire(executor_id, f"process exited with code {code}")
+            if not controller.executors:
+                raise RoseError(f"every executor is gone; the last, {executor_id}: {why}")
+
     def start_load(self) -> LoadGenerator | None:
         serving = sorted((r for r in self._control().executors.values() if r.info.serving_endpoint),
                          key=lambda r: r.executor_id)
@@ -231,7 +254,7 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
     launch = Launch(config, say, secret_file, spawn)
     job: RLJob | None = None
-    with sigterm_as_interrupt():
+    with signals_as_interrupt():
         try:
             controller, publisher = launch.start()
             load = launch.start_load()
@@ -285,7 +308,7 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     key, key_path = gateway_key(config) if external or rl.env == GATEWAY_ENV else ("", Path())
     trainer = ExternalTrainer(rl.trainer_ranks) if external else PolicyTrainer.from_config(models.policy, rl)
     args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
-    options: dict[str, Any] = {"watchdog": launch.children.check_alive, "on_progress": progress,
+    options: dict[str, Any] = {"watchdog": launch.watch_executors, "on_progress": progress,
                                "relays": launch.relays}
     if rl.env == GATEWAY_ENV:
         job: RLJob = GatewayJob(*args, policy_dir=models.policy, key=key, **options)
@@ -329,6 +352,7 @@ def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any
 
 def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
     report.late_results = controller.stats.late_results
+    report.retired_executors = dict(controller.stats.retired)
     report.executors = [executor_entry(controller, r) for r in controller.executors.values()]
     report.borrowing = list(controller.borrowing)
     if load is not None:

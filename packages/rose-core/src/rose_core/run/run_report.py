@@ -27,6 +27,8 @@ class RunReport:
     borrowing: list[dict[str, Any]] = field(default_factory=list)
     """Serving executors borrowed (with every candidate's KV use) and revoked, in order (``Controller.borrowing``)."""
     error: str = ""
+    retired_executors: dict[str, str] = field(default_factory=dict)
+    """Executors taken out of the job while it went on (a failed weight apply, an exited process), and why."""
 
     @property
     def ok(self) -> bool:

@@ -231,11 +231,17 @@ class RolloutRunner:
 
     async def abort_all(self, reason: str) -> int:
         """Give every in-flight turn back with ``reason``; returns how many."""
+        aborted = self.abort_now(reason)
+        await asyncio.gather(*aborted, return_exceptions=True)
+        return len(aborted)
+
+    def abort_now(self, reason: str) -> list[asyncio.Future[None]]:
+        """Abort the turns in flight now (later ones are not touched); each replies with ``reason`` once its
+        task ends: await the returned futures for that."""
         turns = list(self._turns.values())
         for turn in turns:
             self._abort_turn(turn, reason)
-        await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
-        return len(turns)
+        return [t.task if t.task is not None else _done() for t in turns]
 
     # ---------------------------------------------------------------- one turn
 
@@ -332,3 +338,9 @@ class RolloutRunner:
                 reason=reason,
             )
         )
+
+
+def _done() -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
