@@ -97,6 +97,10 @@ class LiveRun:
                 return found
         raise AssertionError(f"no {what} within {timeout_s:.0f} s: {self.tail()}")
 
+    def log_has(self, pattern: str) -> bool:
+        """Whether the run's log (its stderr, ``rose -v``) has a line matching ``pattern`` by now."""
+        return re.search(pattern, "".join(self._stderr)) is not None
+
     def rows_so_far(self) -> int:
         """The last step whose row the table has printed by now (0: none), reading what is queued."""
         row = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s")

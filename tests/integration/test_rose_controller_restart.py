@@ -29,7 +29,7 @@ from rose_core.wire import Framer
 
 from .rose_run_support import LiveRun
 
-STEPS = 4
+STEPS = 5
 CONFIG = """
 models_dir = "{work}/models"
 run_dir = "{work}/run"
@@ -65,30 +65,35 @@ def start_executors(work: Path, address: str, secret: Path) -> dict[str, tuple[s
 
 
 def never_reading_observer(address: str, secret: bytes) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
-    """A peer that says Hello as an observer (so the controller streams status to it) and never reads."""
+    """A peer that says Hello as an observer (so the controller streams status to it) and never reads: its
+    libzmq stops taking bytes off the socket once one message waits, so it cannot answer ZMQ heartbeats
+    either, and the controller closes its link after ``HEARTBEAT_TIMEOUT_MS`` (unless its queue filled first)."""
     ctx: zmq.Context[Any] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 1)
     sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.setsockopt(zmq.ROUTING_ID, b"stalled")
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # once the controller drops it, it stays gone (and is named in the log)
     sock.connect(address)
     sock.send_multipart(Framer(Signer(secret), m.FromController).seal(m.Hello(peer_id="stalled", kind="observer")))
     return ctx, sock
 
 
-def dropped_for_full_peers(metrics_url: str) -> float:
+def dropped(metrics_url: str) -> float:
+    """The controller's ``rose_dropped_messages_total``, every reason."""
     with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith('rose_dropped_messages_total{reason="peer_full"}'):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                   if line.startswith("rose_dropped_messages_total{"))
 
 
 def served(port: int) -> int:
     """One production request on the serving executor's OpenAI endpoint; the tokens it generated."""
-    body = json.dumps({"model": "prod", "prompt": "the controller is down", "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    base = f"http://127.0.0.1:{port}/v1"
+    with urllib.request.urlopen(f"{base}/models", timeout=60) as resp:
+        model = json.loads(resp.read())["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": [5, 6, 7, 8], "max_tokens": 4, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{base}/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as resp:
         return int(json.loads(resp.read())["usage"]["completion_tokens"])
 
@@ -114,9 +119,10 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                      name="-resumed") as resumed:
             found = resumed.wait_for_line(r"controller (tcp://\S+)  metrics (http://\S+)")
             ctx, stalled = never_reading_observer(found.group(1), secret.read_bytes().strip())
-            try:
-                resumed.until("the never-reading observer's messages overflow and are dropped",
-                              lambda: dropped_for_full_peers(found.group(2)) > 0, timeout_s=300)
+            try:  # its queue fills (peer_full), or ZMQ heartbeats, which it cannot answer, close its link first
+                resumed.until("messages for the stalled observer dropped", timeout_s=300, predicate=lambda: resumed.log_has(
+                    r"dropped an outgoing message for b'stalled' \((peer_full|peer_gone)"))
+                drops = dropped(found.group(2))
                 report = resumed.finish()
             finally:
                 stalled.close(0)
@@ -127,7 +133,7 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             if proc.poll() is None:
                 proc.kill()
     logs = {role: (work / f"executor-{role}.log").read_text(errors="replace") for role in executors}
-    return {"report": report, "codes": codes, "logs": logs, "while_down": text_while_down,
+    return {"report": report, "codes": codes, "logs": logs, "while_down": text_while_down, "drops": drops,
             "checkpoints": sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))}
 
 
@@ -135,11 +141,11 @@ def test_the_resumed_job_finishes_with_nothing_lost(restarted: dict[str, Any]) -
     report = restarted["report"]
     assert report["ok"], f"{report['error']}\n{report['_stderr'][-4000:]}\n{restarted['logs']}"
     assert "resumed from" in report["_stdout"]
-    assert [s["step"] for s in report["steps"]] == [3, 4]  # the interrupted step 3 is run again, once
+    assert [s["step"] for s in report["steps"]] == [3, 4, 5]  # the interrupted step 3 is run again, once
     assert report["lost_trajectories"] == 0 and report["version_mismatches"] == 0
     assert report["weight_digest_mismatches"] == 0
-    assert [s["published_version"] for s in report["steps"]] == [3, 4]
-    assert restarted["checkpoints"][-1] == "step-000004"
+    assert [s["published_version"] for s in report["steps"]] == [3, 4, 5]
+    assert restarted["checkpoints"][-1] == "step-000005"
 
 
 def test_the_executors_joined_the_new_controller_by_themselves(restarted: dict[str, Any]) -> None:
@@ -151,12 +157,13 @@ def test_the_executors_joined_the_new_controller_by_themselves(restarted: dict[s
 
 
 def test_a_peer_that_never_reads_did_not_wedge_the_resumed_run(restarted: dict[str, Any]) -> None:
-    """The fixture waited until the controller dropped messages for the stalled observer (its queue and the
-    socket buffers full) before letting the run finish; the run still ended ok with every step."""
+    """The fixture let the run finish only once the controller had dropped messages for the stalled observer
+    (logged with its id); they are counted, and the run still ended ok with every step."""
+    assert restarted["drops"] > 0
     report = restarted["report"]
-    assert report["ok"] and len(report["steps"]) == 2
+    assert report["ok"] and [s["step"] for s in report["steps"]] == [3, 4, 5]
 
 
 def test_production_serving_went_on_while_the_controller_was_down(restarted: dict[str, Any]) -> None:
-    assert restarted["while_down"] >= 1
+    assert restarted["while_down"] == 4
 

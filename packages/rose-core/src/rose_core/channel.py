@@ -148,7 +148,8 @@ class _Endpoint(Inbound[InT]):
         DROPPED_MESSAGES.labels(reason).inc()
         self.dropped += 1
         if self.dropped <= 20 or self.dropped % 1000 == 0:
-            log.warning("dropped an outgoing message (%s, %d so far): %s", reason, self.dropped, exc)
+            log.warning("dropped an outgoing message for %r (%s, %d so far): %s", self._peer_of(frames), reason,
+                        self.dropped, exc)
 
     def _drain_inbound(self) -> None:
         for _ in range(1024):
@@ -180,6 +181,10 @@ class _Endpoint(Inbound[InT]):
     @abstractmethod
     def _route(self, peer: bytes, frames: list[Any]) -> list[Any]:
         """Message frames as this socket type sends them to ``peer``."""
+
+    @abstractmethod
+    def _peer_of(self, frames: list[Any]) -> bytes:
+        """Whom outgoing ``frames`` (as ``_route`` made them) are for."""
 
 
 class ControlServer(_Endpoint[ToController]):
@@ -214,6 +219,9 @@ class ControlServer(_Endpoint[ToController]):
     def _route(self, peer: bytes, frames: list[Any]) -> list[Any]:
         return [peer, *frames]
 
+    def _peer_of(self, frames: list[Any]) -> bytes:
+        return bytes(frames[0].buffer if isinstance(frames[0], zmq.Frame) else frames[0])[:64]
+
 
 class ControlClient(_Endpoint[FromController]):
     """A peer's DEALER socket connected to the controller."""
@@ -243,3 +251,6 @@ class ControlClient(_Endpoint[FromController]):
 
     def _route(self, peer: bytes, frames: list[Any]) -> list[Any]:
         return frames
+
+    def _peer_of(self, frames: list[Any]) -> bytes:
+        return b"controller"
