@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 from rose_core.gateway.chat_template import ChatTemplate
 from rose_core.gateway.gateway import Gateway, GatewayLimits
-from rose_core.gateway.http_server import GatewayServer
+from rose_core.gateway.http_server import REFUSED_REQUESTS, GatewayServer
 from rose_core.gateway.session_table import SessionTable
 from rose_core.gateway.turn_bridge import TurnBridge, TurnOutcome
 from rose_core.messages import TurnResult
@@ -234,3 +235,43 @@ def test_malformed_bodies_get_4xx_never_5xx_and_lose_nothing(live: Live, body: b
         assert resp.json()["error"]["message"]
     state = httpx.get(f"{live.url}/sessions/{session['session_id']}", headers=auth()).json()
     assert state["turns"] in (0, 1)
+
+
+REQUEST_LINES = st.one_of(
+    st.binary(max_size=200),
+    st.builds(lambda method, path, version, headers: f"{method} {path} {version}\r\n{headers}\r\n\r\n".encode(),
+              st.sampled_from(["GET", "POST", "PUT", "DELETE", "BREW", "", "G\x00T"]),
+              st.text(max_size=40), st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/9.9", "", "SPDY"]),
+              st.text(max_size=120)),
+    st.just(b"POST /sessions HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n"),
+    st.just(b"GET /health HTTP/1.1\r\n" + b"X: " + b"a" * 70_000 + b"\r\n\r\n"),  # a header over the stdlib's limit
+)
+
+
+REFUSALS = (400, 401, 404, 405, 411, 413, 414, 431, 501)
+
+
+def refused(status: str) -> float:
+    return float(REFUSED_REQUESTS.labels("rose-gateway", status)._value.get())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=REQUEST_LINES)
+def test_raw_bytes_on_the_gateway_port_never_stop_it_and_refusals_are_counted(live: Live, raw: bytes) -> None:
+    """Below HTTP: whatever bytes arrive on the port (garbage, broken request lines, a body it will not read,
+    a header too long), the connection gets a 4xx or is closed, the refusal is counted, and the next client is
+    served as if nothing happened."""
+    host, port = live.url.removeprefix("http://").split(":")
+    before = sum(refused(str(code)) for code in REFUSALS)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/") else b""
+    assert status == b"501" or not status.startswith(b"5"), answer[:300]  # 501: a method it does not have
+    if status.startswith(b"4") or status == b"501":
+        assert sum(refused(str(code)) for code in REFUSALS) > before
+    assert httpx.get(f"{live.url}/health").json() == {"status": "ok"}
+    live.session(f"after-raw-{next(FUZZ_GROUPS)}")

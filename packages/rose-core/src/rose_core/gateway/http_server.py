@@ -25,12 +25,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs
 
+from prometheus_client import Counter
+
 from rose_core.gateway.gateway import Gateway
 from rose_core.gateway.openai_api import GatewayError, json_bytes
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20
 _SESSION = r"/sessions/(?P<sid>[0-9a-f]{1,64})"
+REFUSED_REQUESTS = Counter(
+    "rose_api_refused_requests_total",
+    "HTTP requests the gateway or the trainer API refused (4xx: malformed, unauthenticated, unknown; 501: no such "
+    "method), by server and status.",
+    ["server", "status"],
+)
 Route = Callable[[Any, dict[str, str], bytes], Any]
 """(the API's object, the path's groups and the query's parameters, the body) -> a JSON value or SSE events."""
 
@@ -60,7 +68,8 @@ class ApiServer:
 
     def __init__(self, target: Any, routes: list[tuple[str, re.Pattern[str], Route]], key: str,
                  host: str = "127.0.0.1", port: int = 0, name: str = "rose-api") -> None:
-        handler = type("Handler", (_Handler,), {"target": target, "routes": routes, "key": key.encode()})
+        handler = type("Handler", (_Handler,), {"target": target, "routes": routes, "key": key.encode(),
+                                                "server_name": name})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
@@ -100,6 +109,14 @@ class _Handler(BaseHTTPRequestHandler):
     target: Any
     routes: list[tuple[str, re.Pattern[str], Route]]
     key: bytes
+    server_name: str
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Every status goes through here (ours and the stdlib's own 400s for a malformed request line or
+        headers, 501 for a method no route has): refusals are counted."""
+        if 400 <= code < 500 or code == 501:
+            REFUSED_REQUESTS.labels(self.server_name, str(code)).inc()
+        super().send_response(code, message)
 
     def do_GET(self) -> None:
         self._serve("GET")
