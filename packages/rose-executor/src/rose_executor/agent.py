@@ -184,16 +184,21 @@ class ExecutorAgent:
     async def _handshake(self, link: ControllerLink) -> Welcome:
         link.send(Hello(peer_id=self.executor_id, kind="executor", software=f"rose-executor {__version__}"))
         deadline = time.monotonic() + self.config.welcome_timeout_s
+        notice: ErrorReport | None = None
         while (left := deadline - time.monotonic()) > 0:
             msg = await link.recv(timeout=left)
             if isinstance(msg, Welcome):
                 return msg
-            if isinstance(msg, ErrorReport):
+            if isinstance(msg, ErrorReport) and msg.ref == UNSIGNED_REF:
+                notice = msg  # anyone can send one: shown (and in the error at the timeout), never acted on
+                log.warning("unsigned notice (cannot be verified) from %s: %s: %s", self.options.controller,
+                            msg.code, msg.message)
+            elif isinstance(msg, ErrorReport):
                 raise RoseError(f"the controller refused this executor ({msg.code}): {msg.message}")
-        raise RoseError(
-            f"no Welcome from the controller at {self.options.controller} within {self.config.welcome_timeout_s:g} s: "
-            "check --controller and that the controller is running"
-        )
+        waited = f"no Welcome from the controller at {self.options.controller} within {self.config.welcome_timeout_s:g} s"
+        if notice is not None:
+            raise RoseError(f"{waited}; it answered with an unsigned notice ({notice.code}): {notice.message}")
+        raise RoseError(f"{waited}: check --controller and that the controller is running")
 
     # ---------------------------------------------------------------- engines
 
