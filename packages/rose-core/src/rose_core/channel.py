@@ -220,7 +220,7 @@ class ControlServer(_Endpoint[ToController]):
         return [peer, *frames]
 
     def _peer_of(self, frames: list[Any]) -> bytes:
-        return bytes(frames[0].buffer if isinstance(frames[0], zmq.Frame) else frames[0])[:64]
+        return bytes(frames[0].buffer if isinstance(frames[0], zmq.Frame) else frames[0])[:32]
 
 
 class ControlClient(_Endpoint[FromController]):

@@ -413,13 +413,12 @@ class RLJob:
         engine rolled back: it must not run turns of the new window), and the job goes on on the rest."""
         applied = self.controller.announce_weights(announce, self.config.rl.weight_sync_timeout_s,
                                                    publish_s=publish_s, export_s=export_s, alive=self.watchdog)
-        for eid, a in applied.items():
-            if not a.ok:
-                self.controller.retire(eid, f"weight version {announce.version} failed: {a.error}")
+        failed = {eid: a.error for eid, a in applied.items() if not a.ok}
+        for eid, error in failed.items():
+            self.controller.retire(eid, f"weight version {announce.version} failed: {error}")
         if not self.controller.executors:
-            failed = {eid: a.error for eid, a in applied.items() if not a.ok}
             raise RuntimeError(f"weight version {announce.version} failed on every executor: {failed}")
-        return {eid: a for eid, a in applied.items() if a.ok}
+        return {eid: a for eid, a in applied.items() if eid not in failed}
 
     # ---------------------------------------------------------------- report
 
