@@ -84,15 +84,24 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("twin-profiles")  # the twins' profiles, measured once per module
 
 
+def start_agent(
+    path: Path, executor_id: str, launcher: FakeEngineLauncher | None = None, parent_pid: int | None = None
+) -> tuple[InProcessServer, ControllerPeer, ExecutorAgent, asyncio.Task[int]]:
+    """A serving agent on the twins, running, with its own in-process controller (not welcomed yet)."""
+    server = InProcessServer(SECRET)
+    controller = ControllerPeer(SECRET, server)
+    options = AgentOptions(controller=server.address, role="serving", executor_id=executor_id, secret=SECRET,
+                           parent_pid=parent_pid)
+    agent = ExecutorAgent(load_executor_config(path), options, launcher or FakeEngineLauncher(MODELS),
+                          connect=InProcessClient)
+    return server, controller, agent, asyncio.create_task(agent.run())
+
+
 @contextlib.asynccontextmanager
 async def twin(path: Path, launcher: FakeEngineLauncher | None = None) -> AsyncIterator[TwinExecutor]:
     """An agent with id ``ex-1`` on the twins, welcomed and registered; stopped on the way out."""
-    server = InProcessServer(SECRET)
-    controller = ControllerPeer(SECRET, server)
     launcher = launcher or FakeEngineLauncher(MODELS)
-    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-1", secret=SECRET)
-    agent = ExecutorAgent(load_executor_config(path), options, launcher, connect=InProcessClient)
-    task = asyncio.create_task(agent.run())
+    server, controller, agent, task = start_agent(path, "ex-1", launcher)
     try:
         hello = await controller.arrival(Hello, timeout=10)
         assert (hello.peer_id, hello.kind) == ("ex-1", "executor")
@@ -248,12 +257,7 @@ async def test_a_serving_host_lent_to_one_job_refuses_a_second_and_names_the_hol
 ) -> None:
     """Another RL job's executor for the same serving endpoint: its controller hears who holds the host
     (``already_lent``), and it stops with the same line; the first executor keeps serving its job."""
-    server = InProcessServer(SECRET)
-    second_job = ControllerPeer(SECRET, server)
-    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-2", secret=SECRET)
-    agent = ExecutorAgent(load_executor_config(config_path), options, FakeEngineLauncher(MODELS),
-                          connect=InProcessClient)
-    task = asyncio.create_task(agent.run())
+    server, second_job, _agent, task = start_agent(config_path, "ex-2")
     try:
         await second_job.arrival(Hello, timeout=10)
         second_job.send(Welcome(controller_id="job-b", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
@@ -372,13 +376,8 @@ async def test_an_executor_killed_mid_apply_comes_back_with_a_full_sync(config_p
 
 async def test_an_executor_whose_launcher_is_gone_stops_itself(config_path: Path) -> None:
     """`rose run` passes --parent-pid: a launcher killed with SIGKILL must not leave its executors running."""
-    server = InProcessServer(SECRET)
-    controller = ControllerPeer(SECRET, server)
-    options = AgentOptions(controller=server.address, role="serving", executor_id="ex-3", secret=SECRET,
-                           parent_pid=os.getppid() + 1)  # not this process's parent: the launcher is gone
-    agent = ExecutorAgent(load_executor_config(config_path), options, FakeEngineLauncher(MODELS),
-                          connect=InProcessClient)
-    task = asyncio.create_task(agent.run())
+    # parent_pid: not this process's parent, so the launcher is gone
+    server, controller, _agent, task = start_agent(config_path, "ex-3", parent_pid=os.getppid() + 1)
     try:
         await controller.arrival(Hello, timeout=10)
         controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
