@@ -8,8 +8,8 @@ import torch
 
 from rose_core.errors import RoseError
 from rose_core.weights import EngineLayout
+from rose_transfer.codec.patch_encoder import build_patch
 from rose_transfer.codec.patch_positions import changed_offsets
-from rose_transfer.codec.sparse_patch import build_patch
 from rose_transfer.plan.engine_layout import to_engine_layout
 
 VLLM = EngineLayout(tie_word_embeddings=False)

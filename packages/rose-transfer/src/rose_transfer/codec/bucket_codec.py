@@ -7,7 +7,7 @@
 The patch is chosen only when smaller than the dense bucket. ``+zstd`` marks a payload compressed
 with zstandard (the ``[zstd]`` extra), kept only when that saves bytes. Words are compared as
 integers of the tensors' element width (2 for bf16/fp16, 4 for fp32), so NaN payloads and -0.0 are
-exact too. Vectorized numpy only.
+exact too. The encoder's scan is compiled (``patch_encoder``); decoding is vectorized numpy.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from rose_core.errors import require_extra
-from rose_transfer.codec.changed_words import WORD_DTYPES
-from rose_transfer.codec.sparse_patch import PatchError, apply_patch, build_patch
+from rose_transfer.codec.patch_encoder import build_patch
+from rose_transfer.codec.sparse_patch import PatchError, apply_patch
+from rose_transfer.codec.words import WORD_DTYPES
 
 DENSE = "dense"
 PATCH = "patch"

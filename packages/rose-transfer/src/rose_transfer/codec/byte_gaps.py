@@ -23,18 +23,6 @@ class ByteGapsError(ValueError):
     """The bytes are not ``count`` byte gaps with their escaped gaps, or run past the bucket."""
 
 
-def byte_gaps_bytes(gaps: np.ndarray) -> int:
-    """Bytes ``gaps`` take in this coding."""
-    return int(gaps.size + EXCEPTION_BYTES * np.count_nonzero(gaps >= ESCAPE))
-
-
-def encode_codes(gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, escaped gaps)`` of ``gaps`` (non-negative, at most ``MAX_GAP``): the two sections'
-    parts for these gaps; a patch writes every part's codes, then every part's escaped gaps."""
-    codes = np.minimum(gaps, ESCAPE).astype(np.uint8)
-    return codes, gaps[codes == ESCAPE].astype(_EXCEPTION)
-
-
 def decode_blocks(data: np.ndarray, count: int, n_words: int, block: int) -> Iterator[np.ndarray]:
     """The positions (int64, increasing, below ``n_words``) of ``data``'s ``count`` gaps, ``block`` at
     a time, each written into the same reused buffer: use a block before asking for the next."""

@@ -43,6 +43,32 @@ class ViewCut:
             target[start:end] = 0
         return assemble(self.segments[index], [whole], target)
 
+    def runs(self, index: int, word_bytes: int) -> np.ndarray | None:
+        """Bucket ``index`` as rows ``(src, dst, n)`` in words (``n`` words at word ``src`` of the whole
+        stream land at word ``dst`` of the bucket), in bucket order: what a patch can be scanned from
+        without cutting the bucket. None when a row is not whole words or rows interleave."""
+        parts = []
+        for segment in self.segments[index]:
+            rows = np.arange(segment.count, dtype=np.int64)
+            parts.append(
+                np.stack(
+                    [
+                        segment.source_offset + rows * segment.source_stride,
+                        segment.dest_offset + rows * segment.dest_stride,
+                        np.full(segment.count, segment.nbytes, dtype=np.int64),
+                    ],
+                    axis=1,
+                )
+            )
+        table = np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
+        table = table[table[:, 2] > 0]
+        if (table % word_bytes).any() or self.bucket_nbytes(index) % word_bytes:
+            return None
+        table = table[np.argsort(table[:, 1], kind="stable")] // word_bytes
+        if (table[1:, 1] < table[:-1, 1] + table[:-1, 2]).any():
+            return None
+        return table
+
 
 def view_cut(whole: WeightManifest, view: ShardView) -> ViewCut:
     """The cut of ``view`` from versions laid out as ``whole``."""

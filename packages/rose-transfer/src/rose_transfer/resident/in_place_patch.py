@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rose_transfer.codec.changed_words import word_view
 from rose_transfer.codec.sparse_patch import parse_patch, patch_blocks
+from rose_transfer.codec.words import word_view
 from rose_transfer.resident.undo_log import UndoLog
 from rose_transfer.version.manifest import checksum_stream
 

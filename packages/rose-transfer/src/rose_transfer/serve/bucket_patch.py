@@ -1,6 +1,8 @@
 """The publisher's bucket replies: one bucket of a new version encoded against the version a receiver
-holds (``codec.bucket_codec.encode_bucket``: new values at changed positions, or dense when that is
-smaller), or dense. A shard view's buckets are cut into this worker thread's scratch buffers."""
+holds (new values at changed positions, or dense when that is smaller), or dense. A shard view's patch
+is scanned straight from the two whole streams, row by row (``codec.patch_encoder.build_patch_runs``),
+when both versions cut the bucket alike; otherwise its buckets are cut into this worker thread's
+scratch buffers first."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from collections.abc import Callable
 import numpy as np
 
 from rose_core.messages import BucketData, WeightManifest
-from rose_transfer.codec.bucket_codec import DENSE, encode_bucket
+from rose_transfer.codec.bucket_codec import DENSE, PATCH, encode_bucket
+from rose_transfer.codec.patch_encoder import build_patch_runs
 from rose_transfer.serve.scratch import scratch
 from rose_transfer.serve.served_view import ServedView
 from rose_transfer.version.dtypes import storage_dtype
@@ -32,13 +35,26 @@ def word_bytes(new: WeightManifest) -> int:
 
 def patch_reply(base: ServedView, new: ServedView, index: int, allocate: Callable[[int], np.ndarray]) -> BucketData:
     """Bucket ``index`` of ``new`` for a receiver holding ``base``; ``checksum`` is of the NEW bucket."""
-    nbytes = new.manifest.buckets[index].nbytes
+    nbytes, width = new.manifest.buckets[index].nbytes, word_bytes(new.manifest)
+    runs = _shared_runs(base, new, index, width)
+    if runs is not None:
+        patch = build_patch_runs(base.whole.stream, new.whole.stream, runs, nbytes, width)
+        return dense_reply(new, index, allocate) if patch is None else _reply(new, index, PATCH, patch)
     old, cur = base.bucket(index, scratch(0, nbytes)), new.bucket(index, scratch(1, nbytes))
-    encoded = encode_bucket(old, cur, word_bytes=word_bytes(new.manifest))
+    encoded = encode_bucket(old, cur, word_bytes=width)
     if encoded.encoding == DENSE:  # the patch is not smaller: send the bucket itself, not the scratch
         return dense_reply(new, index, allocate)
     payload = encoded.payload if isinstance(encoded.payload, np.ndarray) else np.frombuffer(encoded.payload, np.uint8)
     return _reply(new, index, encoded.encoding, payload)
+
+
+def _shared_runs(base: ServedView, new: ServedView, index: int, width: int) -> np.ndarray | None:
+    """The rows of bucket ``index`` in both versions' streams, when the two views cut it alike."""
+    if base.cut is None or new.cut is None or base.cut.segments[index] != new.cut.segments[index]:
+        return None
+    if base.whole.stream.nbytes != new.whole.stream.nbytes:
+        return None
+    return new.cut.runs(index, width)
 
 
 def dense_reply(new: ServedView, index: int, allocate: Callable[[int], np.ndarray]) -> BucketData:

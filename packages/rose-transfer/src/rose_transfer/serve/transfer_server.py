@@ -20,6 +20,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import msgspec
@@ -39,6 +40,7 @@ from rose_core.messages import (
 )
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
+from rose_transfer.codec.compiled_scan import warm_up
 from rose_transfer.metrics import SENT_BYTES
 from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, same_buckets
 from rose_transfer.serve.version_store import ServedVersion, VersionStore
@@ -73,6 +75,8 @@ class TransferServer:
         self._read_ahead = read_ahead
         self.sparse = sparse
         self._sealer = Sealer(secret, bulk_mac=check_mac_scheme(bulk_mac))
+        # the patch encoder's kernels compile (or load from disk) now, not in the first pull of a patch
+        self.warmed: Future[None] | None = self._sealer.pool.submit(warm_up) if sparse else None
         self.rejected = 0
         self.connections = 0
 
