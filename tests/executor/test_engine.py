@@ -8,6 +8,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from typing import Any
+
+import msgspec
 import pytest
 import pytest_asyncio
 import torch
@@ -127,6 +130,41 @@ async def test_weights_patched_in_place_equal_a_freshly_loaded_engine(
           f"retransform {full.retransform_s:.3f} s; patch: stage {patched.stage_s:.3f} s, "
           f"commit {patched.commit_s:.3f} s, retransform {patched.retransform_s:.3f} s, "
           f"{patched.bytes_received} bytes")
+
+
+async def test_a_corrupted_patch_rolls_the_engine_back_and_is_pulled_again_dense(
+    engine: VllmEngine, policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live path's rollback: the publisher signs a patch whose values are wrong (as a bug or a rotted
+    base would make them), the engine's commit finds the bucket's checksum wrong, puts every word back,
+    pulls that bucket again dense and commits; it ends holding exactly the trainer's version."""
+    import rose_transfer.serve.transfer_server as transfer_server
+
+    state = load_file(str(policy_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    v3 = {k: (v.float() + 0.01 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
+    v4 = {k: v.clone() for k, v in v3.items()}
+    v4["model.layers.0.self_attn.q_proj.weight"][0, :5] += 0.5
+    real, corrupted = transfer_server.patch_reply, []
+
+    def corrupting(*args: Any, **kwargs: Any) -> Any:
+        reply = real(*args, **kwargs)
+        if reply.encoding == "patch" and not corrupted:
+            data = bytearray(memoryview(reply.data).cast("B"))
+            data[-1] ^= 0x40  # the last new value: the header still fits, the bucket's checksum will not
+            corrupted.append(reply.index)
+            reply = msgspec.structs.replace(reply, data=bytes(data))
+        return reply
+
+    monkeypatch.setattr(transfer_server, "patch_reply", corrupting)
+    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0) as publisher:
+        await _pull(engine, publisher, 3, v3)
+        fourth, report = await _pull(engine, publisher, 4, v4)
+    assert corrupted, "no patch was served: the test did not corrupt anything"
+    assert report.digest == fourth.manifest_digest  # every word of version 4, none of the corrupt one
+    assert report.bytes_received > fourth.total_bytes  # the patch, then its bucket again dense (one bucket here)
+    out = await engine.generate("after-rollback", PROMPT, GREEDY)
+    assert out.token_ids
 
 
 async def test_a_commit_without_a_stage_is_refused_and_the_engine_keeps_serving(engine: VllmEngine) -> None:

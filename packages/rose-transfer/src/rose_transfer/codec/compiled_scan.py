@@ -23,11 +23,15 @@ This is the only module that imports numba (mypy sees its kernels through the ty
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import cast
 
 import numba
 import numpy as np
+
+if sys.byteorder != "little":  # lane 0 of a uint64 is the word at its lowest address only on little-endian hosts
+    raise ImportError("rose-transfer's patch encoder needs a little-endian host (x86-64 or arm64)")
 
 SPARSE, BITMAP = 0, 1
 WIDE_BLOCK = 4096  # uint64 words gathered per step (``wide`` holds that many indices)
