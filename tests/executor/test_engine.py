@@ -28,15 +28,28 @@ PROMPT = [7, 21, 33, 45, 58, 61, 70, 85, 99]
 SECRET = b"engine-test-secret-0123456789abcdef"
 
 
+COMPILED_AT_START: list[Path] = []
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(policy_dir: Path) -> AsyncIterator[VllmEngine]:
-    started = time.perf_counter()
-    engine = await VllmEngine.create(
-        policy_dir, purpose="rollout", kv_cache_gib=0.5, max_num_seqs=8, max_model_len=1024, prefill_chunk_tokens=64
-    )
+async def engine(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
+    cache = tmp_path_factory.mktemp("inductor")  # torch.compile's cache, empty: what this engine compiles lands here
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+        started = time.perf_counter()
+        engine = await VllmEngine.create(
+            policy_dir, purpose="rollout", kv_cache_gib=0.5, max_num_seqs=8, max_model_len=1024, prefill_chunk_tokens=64
+        )
+    COMPILED_AT_START.extend(cache.rglob("*.so"))  # inductor's compiled C++ kernels
     print(f"\nrollout engine start (incl. warm-up): {time.perf_counter() - started:.1f} s")
     yield engine
     engine.shutdown()
+
+
+async def test_the_sampler_is_compiled_before_the_engine_serves(engine: VllmEngine) -> None:
+    """vLLM's CPU sampler compiles kernels on first use (random sampling, logprob ranks, then again for a new
+    batch size): a cold engine did that inside the first RL step. The warm-up at start does it now."""
+    assert COMPILED_AT_START  # without the warm-up's sampled requests the cache is still empty here
 
 
 async def test_generate_from_token_ids(engine: VllmEngine) -> None:

@@ -40,6 +40,10 @@ with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
 
 log = logging.getLogger(__name__)
+_WARM_UP = (
+    SamplingParams(max_tokens=2, temperature=0.0, logprobs=False),  # greedy (evaluation, the profile)
+    SamplingParams(max_tokens=2, temperature=1.0, logprobs=True),  # sampled with logprobs (turns, production)
+)
 WORKER_EXTENSION = "rose_executor.engine.worker_extension.RoseWorkerExtension"
 _GIB = 1 << 30
 SHUTDOWN_TIMEOUT_S = 20.0
@@ -120,13 +124,28 @@ class VllmEngine:
             raise RoseError(f"vLLM could not start the {spec.purpose} engine for {spec.model_dir}: {exc}") from exc
         engine = cls(spec, llm, relay)
         try:
-            await engine.generate("rose-warmup", [0], SamplingParams(max_tokens=1, temperature=0.0, logprobs=False))
+            await engine.warm_up()
         except BaseException:
             engine.shutdown()
             raise
         if relay is not None:
             relay.observer = observer
         return engine
+
+    async def warm_up(self) -> float:
+        """Run each way of sampling this engine will see once alone and once in a batch, before it serves
+        anything: vLLM's CPU sampler compiles kernels with ``torch.compile`` on first use (random sampling,
+        logprob ranks) and again when the batch size first changes, several seconds each on a cold cache,
+        which would otherwise stall the first RL step's turns and the production requests beside them.
+        Returns the seconds it took."""
+        started = time.perf_counter()
+        for n, params in enumerate(_WARM_UP):
+            await self.generate(f"rose-warmup-{n}", [1], params)
+            await asyncio.gather(*(self.generate(f"rose-warmup-{n}-{i}", [1 + i], params) for i in range(3)))
+        seconds = time.perf_counter() - started
+        log.info("%s engine warmed up in %.1f s (greedy and sampled, logprobs, batch 1 and 3)", self.spec.purpose,
+                 seconds)
+        return seconds
 
     def attach_observer(self, observer: EngineStatsObserver) -> None:
         """Start forwarding vLLM's stats to ``observer`` (e.g. after start-up profiling)."""
