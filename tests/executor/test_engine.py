@@ -7,7 +7,6 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-
 from typing import Any
 
 import msgspec
@@ -151,7 +150,7 @@ async def test_a_corrupted_patch_rolls_the_engine_back_and_is_pulled_again_dense
     """The live path's rollback: the publisher signs a patch whose values are wrong (as a bug or a rotted
     base would make them), the engine's commit finds the bucket's checksum wrong, puts every word back,
     pulls that bucket again dense and commits; it ends holding exactly the trainer's version."""
-    import rose_transfer.serve.transfer_server as transfer_server
+    from rose_transfer.serve import transfer_server
 
     state = load_file(str(policy_dir / "model.safetensors"))
     generator = torch.Generator().manual_seed(1)

@@ -3,6 +3,8 @@ contiguous buckets and for buckets scanned in runs straight from two streams (a 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,7 +12,8 @@ from hypothesis import strategies as st
 
 from rose_core.messages import ShardView
 from rose_transfer.codec.bucket_codec import PATCH, decode_bucket, encode_bucket
-from rose_transfer.codec.patch_encoder import build_patch, build_patch_runs
+from rose_transfer.codec.patch_encoder import build_patch, build_patch_runs, prepare
+from rose_transfer.codec.scan_buffers import scan_buffers
 from rose_transfer.codec.sparse_patch import HEADER
 from rose_transfer.codec.varint import encode_varints
 from rose_transfer.codec.words import word_view
@@ -19,6 +22,7 @@ from rose_transfer.plan.view_cut import view_cut, view_manifest
 from rose_transfer.serve.bucket_patch import patch_reply
 from rose_transfer.serve.served_view import ServedView
 from rose_transfer.version.manifest import flatten
+from rose_transfer.wire.sealer import Sealer
 
 
 def reference_patch(base: np.ndarray, new: np.ndarray, word_bytes: int) -> bytes | None:
@@ -171,3 +175,28 @@ def test_a_shard_views_patches_are_scanned_from_the_streams_and_equal_the_cut_on
         expected = encode_bucket(old_bucket, new_bucket, word_bytes=2)
         assert (reply.encoding, bytes(reply.data)) == (expected.encoding, bytes(expected.payload)), index
         assert reply.encoding == PATCH
+
+
+def test_prepare_sizes_a_threads_buffers_for_the_densest_patch_a_bucket_can_have() -> None:
+    """A publisher readies its sealing threads when it serves a version (``TransferServer.prepare_for``): no
+    patch of a bucket of that size allocates (or faults in) scan buffers later."""
+    prepare(1 << 20, 2)
+    held = scan_buffers(1, 1, 2, 1)
+    rng = np.random.default_rng(4)
+    base = rng.integers(0, 1 << 16, 1 << 19, dtype=np.uint16)
+    for fraction in (0.03, 0.5, 0.93):  # sparse, past the bitmap switch, just short of dense
+        new = base.copy()
+        new[rng.random(base.size) < fraction] ^= 1
+        assert build_patch(base.view(np.uint8), new.view(np.uint8), 2) is not None
+        assert scan_buffers(1, 1, 2, 1) is held
+
+
+def test_a_sealer_runs_a_task_once_on_each_of_its_threads() -> None:
+    sealer = Sealer(b"s" * 32, workers=3)
+    seen: list[int] = []
+    try:
+        for future in sealer.on_every_worker(lambda: seen.append(threading.get_ident())):
+            future.result(10)
+    finally:
+        sealer.close()
+    assert len(seen) == 3 and len(set(seen)) == 3

@@ -15,7 +15,7 @@ import numpy as np
 
 from rose_transfer.codec.byte_gaps import EXCEPTION_BYTES, MAX_GAP
 from rose_transfer.codec.compiled_scan import BITMAP as SCANNED_TO_BITMAP
-from rose_transfer.codec.compiled_scan import gap_sizes, scan_runs, write_bitmap, write_byte_gaps
+from rose_transfer.codec.compiled_scan import gap_sizes, scan_runs, warm_up, write_bitmap, write_byte_gaps
 from rose_transfer.codec.scan_buffers import ScanBuffers, scan_buffers
 from rose_transfer.codec.sparse_patch import BITMAP, BYTE_GAPS, FORMAT, HEADER, MAGIC, VARINT
 from rose_transfer.codec.varint import encode_varints
@@ -46,6 +46,17 @@ def build_patch_runs(
         raise ValueError(f"a bucket of {nbytes} bytes is not whole {word_bytes}-byte words")
     _check_runs(runs, base.nbytes // word_bytes, nbytes // word_bytes)
     return _encode(base, new, runs, nbytes // word_bytes, word_bytes, new[:0])
+
+
+def prepare(bucket_bytes: int, word_bytes: int = 2) -> None:
+    """Ready this thread to encode buckets of up to ``bucket_bytes`` (of ``word_bytes`` words, the narrowest
+    a version has): the kernels compiled (or loaded from the disk cache) and its scan buffers sized for the
+    densest patch such a bucket can have, their pages faulted in."""
+    warm_up()
+    n_words = bucket_bytes // word_bytes
+    bitmap_bytes = (n_words + 7) // 8
+    k_max = _dense_from(bucket_bytes - HEADER.size, word_bytes, bitmap_bytes)
+    scan_buffers(bitmap_bytes + 1, max(k_max, 0), word_bytes, bitmap_bytes).touch()
 
 
 def _check_word_bytes(word_bytes: int) -> None:

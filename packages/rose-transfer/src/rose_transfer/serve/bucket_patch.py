@@ -12,7 +12,7 @@ import numpy as np
 
 from rose_core.messages import BucketData, WeightManifest
 from rose_transfer.codec.bucket_codec import DENSE, PATCH, encode_bucket
-from rose_transfer.codec.patch_encoder import build_patch_runs
+from rose_transfer.codec.patch_encoder import build_patch_runs, prepare
 from rose_transfer.serve.scratch import scratch
 from rose_transfer.serve.served_view import ServedView
 from rose_transfer.version.dtypes import storage_dtype
@@ -31,6 +31,13 @@ def word_bytes(new: WeightManifest) -> int:
     """The compare width: the narrowest element size of the version (2 for bf16/fp16), capped to 4."""
     sizes = {storage_dtype(t.dtype).itemsize for t in new.tensors if t.nbytes}
     return min(min(sizes, default=1), 4)
+
+
+def prepare_thread(bucket_bytes: int, word_bytes: int) -> None:
+    """Ready this worker thread for patches of buckets of ``bucket_bytes``: the encoder's buffers and the
+    scratch pair (a view's bucket is cut into it for its manifest, and on the fallback path), faulted in."""
+    prepare(bucket_bytes, word_bytes)
+    scratch(0, bucket_bytes)
 
 
 def patch_reply(base: ServedView, new: ServedView, index: int, allocate: Callable[[int], np.ndarray]) -> BucketData:

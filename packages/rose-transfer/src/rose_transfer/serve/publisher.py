@@ -19,6 +19,7 @@ from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.weights import EngineLayout
 from rose_transfer.plan.engine_layout import to_engine_layout
+from rose_transfer.serve.bucket_patch import word_bytes
 from rose_transfer.serve.cluster_relay import ClusterRelay
 from rose_transfer.serve.shard_intake import ShardIntake
 from rose_transfer.serve.transfer_server import TransferServer
@@ -106,6 +107,7 @@ class DensePublisher:
             raise RoseError("this weight publisher is closed: create a new one to publish")
         self._store.add(flat)
         version, manifest = flat.manifest.version, flat.manifest
+        self._server.prepare_for(max((b.nbytes for b in manifest.buckets), default=0), word_bytes(manifest))
         log.info(
             "published weight version %d: %d bytes in %d buckets", version, manifest.total_bytes, len(manifest.buckets)
         )

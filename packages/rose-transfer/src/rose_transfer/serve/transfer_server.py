@@ -21,6 +21,7 @@ import logging
 import socket
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -42,7 +43,7 @@ from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
 from rose_transfer.codec.compiled_scan import warm_up
 from rose_transfer.metrics import SENT_BYTES
-from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, same_buckets
+from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, prepare_thread, same_buckets
 from rose_transfer.serve.version_store import ServedVersion, VersionStore
 from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
@@ -76,12 +77,22 @@ class TransferServer:
         self.sparse = sparse
         self._sealer = Sealer(secret, bulk_mac=check_mac_scheme(bulk_mac))
         # the patch encoder's kernels compile (or load from disk) now, not in the first pull of a patch
-        self.warmed: Future[None] | None = self._sealer.pool.submit(warm_up) if sparse else None
+        self.warmed: list[Future[None]] = self._sealer.on_every_worker(warm_up) if sparse else []
+        self._prepared_bytes = 0
         self.rejected = 0
         self.connections = 0
 
     def close(self) -> None:
         self._sealer.close()
+
+    def prepare_for(self, bucket_bytes: int, word_bytes: int) -> None:
+        """A version with buckets of up to ``bucket_bytes`` is served: ready every sealing thread to encode
+        them (scan buffers and scratch sized and faulted in, in the background), so the first pull of the
+        next version pays for none of it. Nothing to do for a dense server or sizes already prepared."""
+        if not self.sparse or bucket_bytes <= self._prepared_bytes:
+            return
+        self._prepared_bytes = bucket_bytes
+        self.warmed = self._sealer.on_every_worker(partial(prepare_thread, bucket_bytes, word_bytes))
 
     # ---------------------------------------------------------------- accept
 

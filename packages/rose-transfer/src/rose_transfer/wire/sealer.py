@@ -5,7 +5,8 @@ connection. ``bulk_mac`` picks the signature of replies that carry a bucket (``r
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ class Sealer:
         self._secret = secret
         self.bulk_mac = bulk_mac
         self._local = threading.local()
+        self.workers = workers
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rose-seal")
 
     def seal(self, msg: msgspec.Struct) -> list[Any]:
@@ -28,6 +30,16 @@ class Sealer:
         if framer is None:
             framer = self._local.framer = Framer(Signer(self._secret), TransferReply, bulk_mac=self.bulk_mac)
         return framer.seal(msg)
+
+    def on_every_worker(self, fn: Callable[[], None], timeout: float = 60.0) -> list[Future[None]]:
+        """Run ``fn`` once on each worker thread (for per-thread state: buffers, compiled kernels)."""
+        barrier = threading.Barrier(self.workers, timeout=timeout)
+
+        def run() -> None:
+            barrier.wait()  # every worker holds one of these tasks: each thread runs ``fn`` exactly once
+            fn()
+
+        return [self.pool.submit(run) for _ in range(self.workers)]
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
