@@ -3,6 +3,7 @@ in-process twin's (``test_inprocess_channel``): the same bad frames must meet th
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
 from rose_core import messages as m
@@ -44,3 +45,17 @@ BAD_FRAMES = [
 
 GARBAGE = st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=5), min_size=1, max_size=8)
 """Streams of random multi-frame messages."""
+
+
+def observer_only_messages(peer: str) -> list[object]:
+    """Everything a controller takes from an executor (and an executor's Hello): what an observer key may not send."""
+    return [
+        m.Hello(peer_id=peer, kind="executor"),
+        m.Register(executor_id=peer, role="serving", device="cpu", host="h", models=[], memory_bytes=1),
+        m.Heartbeat(executor_id=peer, seq=1, sent_at=0.0, load=m.LoadReport()),
+        m.TurnResult(turn_id="t", trajectory_id="x", attempt=0, executor_id=peer, weight_version=0,
+                     output_token_ids=np.zeros(2, np.int32), output_logprobs=np.zeros(2, np.float32),
+                     finish_reason="stop"),
+        m.TurnAborted(turn_id="t", trajectory_id="x", attempt=0, executor_id=peer, reason="x"),
+        m.WeightApplied(executor_id=peer, version=1, seconds=0.0, bytes_received=0),
+    ]

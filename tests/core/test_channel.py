@@ -9,11 +9,21 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import zmq
-from control_frames import BAD_FRAMES, GARBAGE, OTHER, SECRET, hello, rejected, sealed, sealed_hello
+from control_frames import (
+    BAD_FRAMES,
+    GARBAGE,
+    OTHER,
+    SECRET,
+    hello,
+    observer_only_messages,
+    rejected,
+    sealed,
+    sealed_hello,
+)
 from hypothesis import given, settings
 
 from rose_core import messages as m
-from rose_core.auth import Signer
+from rose_core.auth import Signer, observer_key
 from rose_core.channel import SEND_HWM, ControlClient, ControlServer
 from rose_core.errors import RoseError
 from rose_core.metrics import DROPPED_MESSAGES, free_port
@@ -65,6 +75,26 @@ def test_wrong_secret_is_rejected_counted_and_told(server: ControlServer) -> Non
         assert peer == b"good"
     assert rejected("unauthenticated") == before + 1
     assert server.recv(0.2) is None
+
+
+def test_a_dashboard_credential_is_refused_for_every_non_observer_message(server: ControlServer) -> None:
+    """A peer holding only the observer key (what `rose run` hands a dashboard) may say Hello as an observer,
+    hear the controller (sealed with its key) and say Goodbye; every executor message it signs is refused
+    and counted, and nothing else it sends reaches the controller."""
+    before, refused_before = rejected("wrong_role"), server.rejected
+    with ControlClient(server.address, observer_key(SECRET), "tui-1") as dashboard:
+        for msg in observer_only_messages("tui-1"):
+            dashboard.send(msg)
+        dashboard.send(m.Hello(peer_id="tui-1", kind="observer"))
+        peer, msg = server.recv(5)  # the observer's Hello, and nothing sent before it
+        assert (peer, msg) == (b"tui-1", m.Hello(peer_id="tui-1", kind="observer"))
+        server.send(peer, m.Welcome(controller_id="c", heartbeat_interval_s=1.0, stall_timeout_s=2.0))
+        got = dashboard.recv(5)  # verified with the observer key: the reply was sealed with it
+        assert got is not None and isinstance(got[1], m.Welcome)
+        dashboard.send(m.Goodbye(peer_id="tui-1", reason="bye"))
+        assert server.recv(5) == (b"tui-1", m.Goodbye(peer_id="tui-1", reason="bye"))
+    assert server.rejected - refused_before == len(observer_only_messages("tui-1"))
+    assert rejected("wrong_role") - before == len(observer_only_messages("tui-1"))
 
 
 def test_wrong_version_is_rejected_with_the_fix(server: ControlServer, raw: zmq.Socket[bytes]) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rose_core import messages as m
+from rose_core.auth import observer_key
 from rose_core.config import ControllerConfig, RunConfig, SchedulerConfig
 from rose_core.control_endpoint import ClientCallback
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
@@ -180,6 +181,17 @@ def test_observer_receives_status_snapshots(controller: Controller) -> None:
         assert [e.executor_id for e in snap.executors] == ["d1"]
 
 
+def forged_by_a_dashboard() -> list[m.ToController]:
+    """Executor messages a dashboard's connection might forge: to register itself, revoke, abort, report weights."""
+    return [
+        m.Register(executor_id="tui", role="dedicated", device="cpu", host="h", models=[], memory_bytes=1,
+                   rollout_capacity=4, weight_version=0),
+        m.Heartbeat(executor_id="d1", seq=1, sent_at=0.0, load=m.LoadReport(revoked=True)),
+        m.TurnAborted(turn_id="t1", trajectory_id="x1", attempt=0, executor_id="d1", reason="forged"),
+        m.WeightApplied(executor_id="d1", version=7, seconds=0.1, bytes_received=1),
+    ]
+
+
 def test_an_observer_may_only_watch(controller: Controller) -> None:
     """The dashboard's connection cannot act for an executor: every executor message from it is refused, counted."""
     before = REJECTED_MESSAGES.labels("wrong_role")._value.get()
@@ -189,13 +201,7 @@ def test_an_observer_may_only_watch(controller: Controller) -> None:
         tui.send(m.Hello(peer_id="tui", kind="observer"))
         controller.pump(0)
         req = controller.scheduler.running
-        forged = [
-            m.Register(executor_id="tui", role="dedicated", device="cpu", host="h", models=[], memory_bytes=1,
-                       rollout_capacity=4, weight_version=0),
-            m.Heartbeat(executor_id="d1", seq=1, sent_at=0.0, load=m.LoadReport(revoked=True)),
-            m.TurnAborted(turn_id="t1", trajectory_id="x1", attempt=0, executor_id="d1", reason="forged"),
-            m.WeightApplied(executor_id="d1", version=7, seconds=0.1, bytes_received=1),
-        ]
+        forged = forged_by_a_dashboard()
         for msg in forged:
             tui.send(msg)
             controller.pump(0)
@@ -203,6 +209,27 @@ def test_an_observer_may_only_watch(controller: Controller) -> None:
         assert set(controller.executors) == {"d1"} and not controller.executors["d1"].revoked
         assert controller.scheduler.running == req == 1 and controller.stats.reroutes == 0
         assert 7 not in controller.executors["d1"].applied
+
+
+def test_a_dashboard_with_the_observer_key_watches_and_can_do_nothing_else(controller: Controller) -> None:
+    """What `rose run` hands a dashboard (``observer.key``): the controller's status reaches it, and the same
+    forged executor messages as above, now signed with that key, are refused before the controller sees them
+    (even a Hello claiming to be an executor)."""
+    before = REJECTED_MESSAGES.labels("wrong_role")._value.get()
+    with join(controller, "d1"), InProcessClient(controller.address, observer_key(SECRET), "tui") as tui:
+        controller.submit_turn(turn(1))
+        controller.pump(0)
+        forged = [m.Hello(peer_id="tui", kind="executor"), *forged_by_a_dashboard()]
+        for msg in forged:
+            tui.send(msg)
+            controller.pump(0)
+        tui.send(m.Hello(peer_id="tui", kind="observer"))
+        controller.pump(0)
+        assert isinstance(recv_type(tui, m.Welcome), m.Welcome)  # sealed with the observer key, verified by it
+        assert recv_type(tui, m.StatusSnapshot).executors  # it sees the job
+        assert REJECTED_MESSAGES.labels("wrong_role")._value.get() == before + len(forged)
+        assert set(controller.executors) == {"d1"} and not controller.executors["d1"].revoked
+        assert controller.scheduler.running == 1 and controller.stats.reroutes == 0
 
 
 def test_an_executor_speaks_only_for_itself(controller: Controller) -> None:

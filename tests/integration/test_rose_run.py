@@ -3,7 +3,12 @@ real traffic; and the policy learns (a statistical assertion about reward, never
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+
+from rose_core.auth import OBSERVER_KEY_PREFIX
 
 from .rose_run_support import run_report as rose_run
 
@@ -70,6 +75,15 @@ def test_every_engine_holds_the_trainers_weights_patched_in_place(run_report: di
 
 def test_per_step_table_is_printed(run_report: dict) -> None:
     assert "reward" in run_report["_stdout"] and "TTFT p99 ms" in run_report["_stdout"]
+
+
+def test_the_dashboard_is_handed_the_observer_key_not_the_secret(run_report: dict) -> None:
+    """The printed `rose-tui` line names a key that can only watch (docs/security.md), not the shared secret."""
+    found = re.search(r"dashboard: rose-tui --connect \S+ --secret-file (\S+)", run_report["_stdout"])
+    assert found is not None and found.group(1).endswith("observer.key")
+    held = Path(found.group(1)).read_bytes()
+    assert held.startswith(OBSERVER_KEY_PREFIX)
+    assert held != (Path(found.group(1)).parent / "secret").read_bytes()
 
 
 def test_every_step_says_where_its_weight_sync_went(run_report: dict) -> None:

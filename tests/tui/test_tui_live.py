@@ -9,6 +9,7 @@ from textual.pilot import Pilot
 from textual.widgets import Label
 from tui_controller import TuiController
 
+from rose_core.auth import as_observer
 from rose_tui.app import RoseTui
 from rose_tui.status_feed import StatusFeed
 from rose_tui.widgets import ErrorBanner, ViewTable
@@ -40,7 +41,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 3.0) -> bool:
 
 
 async def test_live_then_unreachable_then_back(controller: TuiController, secret: bytes) -> None:
-    app = RoseTui(StatusFeed(controller.address, secret), stall_after_s=STALL_S)
+    app = RoseTui(StatusFeed(controller.address, as_observer(secret)), stall_after_s=STALL_S)  # as rose-tui does
     async with app.run_test(size=(120, 35)) as pilot:
         await wait_for(pilot, lambda: executor_ids(app) == ["dedicated-0", "serving-0", "serving-1"])
         assert link_text(app) == "● live"

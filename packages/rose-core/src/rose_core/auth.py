@@ -27,6 +27,9 @@ POLY1305 = "poly1305"
 MAC_SCHEMES = (HMAC_SHA256, POLY1305)
 _NONCE_BYTES = 16
 _ONE_TIME_KEY_LABEL = b"rose-poly1305-key\x00"
+OBSERVER_KEY_PREFIX = b"rose-observer-key:"
+"""How an observer key file starts (``write_observer_key``); anything else is read as the shared secret."""
+_OBSERVER_LABEL = b"rose-observer-key\x00"
 
 
 def load_secret(path: str | Path | None = None) -> bytes:
@@ -54,6 +57,28 @@ def write_new_secret(path: Path) -> bytes:
     with os.fdopen(fd, "wb") as f:
         f.write(value)
     return value
+
+
+def observer_key(secret: bytes) -> bytes:
+    """The observer's credential, derived from the shared secret: a controller accepts messages signed with it
+    only from a watcher (``Hello`` as an observer, ``Goodbye``) and signs what it sends that peer with it. It
+    cannot be turned back into the secret, so a dashboard given only this key can watch and do nothing else."""
+    return hmac.new(secret, _OBSERVER_LABEL, hashlib.sha256).hexdigest().encode()
+
+
+def as_observer(credential: bytes) -> bytes:
+    """The observer key held in ``credential``: an observer key file's contents, or derived from the secret."""
+    if credential.startswith(OBSERVER_KEY_PREFIX):
+        return credential[len(OBSERVER_KEY_PREFIX) :]
+    return observer_key(credential)
+
+
+def write_observer_key(path: Path, secret: bytes) -> None:
+    """Write the observer key of ``secret`` to ``path`` (readable only by its owner): what a dashboard gets."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(OBSERVER_KEY_PREFIX + observer_key(secret))
 
 
 class Signer:

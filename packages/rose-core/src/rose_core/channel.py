@@ -35,8 +35,8 @@ from typing import Any, Self, TypeVar
 import msgspec
 import zmq
 
-from rose_core.auth import Signer
-from rose_core.control_endpoint import ClientCallback, ServerCallback
+from rose_core.auth import Signer, observer_key
+from rose_core.control_endpoint import ClientCallback, ServerCallback, observer_may_send
 from rose_core.errors import RoseError
 from rose_core.inbound import Inbound
 from rose_core.messages import FromController, ToController
@@ -63,9 +63,11 @@ class _Endpoint(Inbound[InT]):
         decode_type: Any,
         on_message: Callable[[bytes, InT], None] | None,
         max_message_bytes: int,
+        guest: Signer | None = None,
     ) -> None:
         signer = Signer(secret)
-        super().__init__(Framer(signer, decode_type, max_message_bytes), on_message)  # opened on the I/O thread
+        opener = Framer(signer, decode_type, max_message_bytes, guest=guest, guest_may=observer_may_send)
+        super().__init__(opener, on_message)  # opened on the I/O thread
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(sock_type)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -74,7 +76,7 @@ class _Endpoint(Inbound[InT]):
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
-        self._send_framer = Framer(signer, decode_type, max_message_bytes)
+        self._send_framer = Framer(signer, decode_type, max_message_bytes, guest=guest)
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)  # unbounded: the I/O thread drains it and never blocks
@@ -168,7 +170,7 @@ class _Endpoint(Inbound[InT]):
 
     def _send(self, peer: bytes, msg: msgspec.Struct) -> None:
         with self._push_lock:
-            frames = self._route(peer, self._send_framer.seal(msg))
+            frames = self._route(peer, self._send_framer.seal(msg, guest=peer in self.guests))
             self._push.send_multipart(frames, copy=False)
             self._queued += 1
 
@@ -197,7 +199,8 @@ class ControlServer(_Endpoint[ToController]):
         on_message: ServerCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes)
+        guest = Signer(observer_key(secret))  # a dashboard given only the observer key may watch
+        super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes, guest)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import msgspec
 
-from rose_core.messages import FromController, ToController
+from rose_core.messages import FromController, Goodbye, Hello, ToController
 
 ServerCallback = Callable[[bytes, ToController], None]
 """Called with ``(peer routing id, message)`` for every accepted message, instead of queueing it for ``recv``."""
@@ -45,3 +45,8 @@ class ClientEndpoint(Protocol):
     def recv(self, timeout: float | None = None) -> tuple[bytes, FromController] | None: ...
 
     def close(self) -> None: ...
+
+
+def observer_may_send(msg: object) -> bool:
+    """What a peer holding only the observer key may send a controller: say Hello as an observer, and Goodbye."""
+    return isinstance(msg, Goodbye) or (isinstance(msg, Hello) and msg.kind == "observer")

@@ -43,6 +43,7 @@ class ProtocolError(Exception):
         "unknown_type",
         "wrong_version",
         "no_handshake",
+        "wrong_role",
     )
 
     def __init__(self, reason: str, message: str) -> None:

@@ -40,6 +40,8 @@ class Inbound(ABC, Generic[InT]):
         both waiting forever on the ``Queue``'s mutex while `rose run` shut down)."""
         self._notified: set[tuple[bytes, str]] = set()
         self.rejected = 0
+        self.guests: set[bytes] = set()
+        """Peers whose last accepted message was signed with the guest (observer) key: replies to them are too."""
 
     def recv(self, timeout: float | None = None) -> tuple[bytes, InT] | None:
         """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds (never, with a callback) or
@@ -62,11 +64,16 @@ class Inbound(ABC, Generic[InT]):
     def _open(self, peer: bytes, frames: Sequence[Any]) -> InT | None:
         """The decoded message, or ``None`` when it was rejected."""
         try:
-            msg: InT = self._framer.open(frames)
+            msg, guest = self._framer.open_keyed(frames)
         except ProtocolError as exc:
             self._reject(peer, exc)
             return None
-        return msg
+        if guest:
+            self.guests.add(peer)
+        else:
+            self.guests.discard(peer)
+        opened: InT = msg
+        return opened
 
     def _deliver(self, peer: bytes, msg: InT) -> None:
         if self._on_message is not None:

@@ -7,12 +7,16 @@ messages with bulk buffers sealed by a ``Framer(bulk_mac="poly1305")``, a one-ti
 what is signed, so it cannot be flipped. An unsigned error notice
 (flag ``UNSIGNED_NOTICE``, zero mac) tells a peer that failed authentication or version checks why it
 was rejected; it is accepted only as an ``ErrorReport`` and never acted on.
+
+A server's ``Framer`` may also know a *guest* key (the observer key, ``rose_core.auth.observer_key``): a
+message that only the guest key verifies is accepted only if ``guest_may(message)`` (else ``wrong_role``),
+and ``open_keyed`` says which key it was, so replies to that peer are sealed with the guest key too.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -47,21 +51,27 @@ class Framer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         *,
         bulk_mac: str = HMAC_SHA256,
+        guest: Signer | None = None,
+        guest_may: Callable[[Any], bool] | None = None,
     ):
         self._signer = signer
+        self._guest = guest
+        self._guest_may = guest_may or (lambda msg: False)
         self._fast_bulk = check_mac_scheme(bulk_mac) == POLY1305
         self._encoder = Encoder()
         self._decoder = Decoder(decode_type)
         self._notice_decoder = Decoder(ErrorReport)
         self._max = max_message_bytes
 
-    def seal(self, msg: msgspec.Struct) -> list[Any]:
+    def seal(self, msg: msgspec.Struct, *, guest: bool = False) -> list[Any]:
+        """Frames of ``msg`` signed with the key (``guest``: the guest key, for a peer that holds only that)."""
+        signer = self._guest if guest and self._guest is not None else self._signer
         payload = self._encoder.encode(msg)
         if self._fast_bulk and len(payload) > 1:
             env = envelope(SIGNED_POLY1305)
-            return [env, self._signer.sign_fast([env, *payload]), *payload]
+            return [env, signer.sign_fast([env, *payload]), *payload]
         env = envelope()
-        return [env, self._signer.sign([env, *payload]), *payload]
+        return [env, signer.sign([env, *payload]), *payload]
 
     def notice(self, code: str, message: str) -> list[Any]:
         """An unsigned error notice for a peer we cannot (or must not) talk to."""
@@ -70,6 +80,10 @@ class Framer:
 
     def open(self, frames: Sequence[Any]) -> Any:
         """The decoded message, or ``ProtocolError`` naming why the frames were rejected."""
+        return self.open_keyed(frames)[0]
+
+    def open_keyed(self, frames: Sequence[Any]) -> tuple[Any, bool]:
+        """``(message, signed with the guest key)``, or ``ProtocolError`` naming why it was rejected."""
         size = sum(memoryview(f).nbytes for f in frames)
         if size > self._max:
             raise ProtocolError("oversized", f"message of {size} bytes exceeds the limit of {self._max}")
@@ -80,18 +94,26 @@ class Framer:
             raise ProtocolError("malformed", "not a ROSE frame (bad envelope)")
         _, version, flags = _ENV.unpack(env)
         if flags == UNSIGNED_NOTICE:  # its ref is ours, not the sender's: nobody can pass one off as signed
-            return msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF)
+            return msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), False
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
                 "wrong_version",
                 f"peer speaks protocol {version}, this process speaks {PROTOCOL_VERSION}: "
                 "install matching rose-core versions on both ends",
             )
-        if not self._verified(flags, mac, [env, *payload]):
+        if _verified(self._signer, flags, mac, [env, *payload]):
+            return self._decoder.decode(payload), False
+        if self._guest is None or not _verified(self._guest, flags, mac, [env, *payload]):
             raise ProtocolError("unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE)")
-        return self._decoder.decode(payload)
+        msg = self._decoder.decode(payload)
+        if not self._guest_may(msg):
+            raise ProtocolError(
+                "wrong_role", f"{type(msg).__name__} signed with the observer key: an observer may only watch"
+            )
+        return msg, True
 
-    def _verified(self, flags: int, mac: bytes, frames: list[Any]) -> bool:
-        if flags == SIGNED:
-            return self._signer.verify(mac, frames)
-        return flags == SIGNED_POLY1305 and self._signer.verify_fast(mac, frames)
+
+def _verified(signer: Signer, flags: int, mac: bytes, frames: list[Any]) -> bool:
+    if flags == SIGNED:
+        return signer.verify(mac, frames)
+    return flags == SIGNED_POLY1305 and signer.verify_fast(mac, frames)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rose_core.auth import load_secret
+from rose_core.auth import as_observer, load_secret
 from rose_core.cli_support import RoseCommand
 from rose_tui import __version__
 
@@ -23,7 +23,8 @@ PROGRAM = "rose-tui"
     "--secret-file",
     type=click.Path(dir_okay=False),
     default=None,
-    help="The shared secret (default: $ROSE_SECRET_FILE, else $ROSE_SECRET).",
+    help="The observer key file `rose run` writes (.rose/run/observer.key), or the shared secret, from which "
+    "the dashboard derives the observer key and holds nothing more (default: $ROSE_SECRET_FILE, else $ROSE_SECRET).",
 )
 @click.option(
     "--stall-after",
@@ -38,5 +39,5 @@ def main(address: str, secret_file: str | None, stall_after: float) -> None:
     from rose_tui.app import RoseTui
     from rose_tui.status_feed import StatusFeed
 
-    feed = StatusFeed(address, load_secret(secret_file))
+    feed = StatusFeed(address, as_observer(load_secret(secret_file)))  # read-only: it can watch, nothing else
     RoseTui(feed, stall_after_s=stall_after).run()

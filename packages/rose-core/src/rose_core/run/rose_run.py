@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret
+from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret, write_observer_key
 from rose_core.config import EXTERNAL_TRAINER, GATEWAY_ENV, RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.controller.executor_record import ExecutorRecord
@@ -123,6 +123,8 @@ class Launch:
         else:
             self.secret = load_secret(secret_file)
             self.secret_path = Path(secret_file or os.environ.get(SECRET_FILE_ENV, "$ROSE_SECRET"))
+        self.observer_path = self.run_dir / "observer.key"  # what a dashboard gets: it can watch, nothing else
+        write_observer_key(self.observer_path, self.secret)
         self.children = ChildProcesses(self.run_dir / "logs")
         self.controller: Controller | None = None
         self.publisher: WeightPublisher | None = None
@@ -141,7 +143,7 @@ class Launch:
         self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
         self.controller.relays = self._start_relays(self.publisher)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}")
-        self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.secret_path}")
+        self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.observer_path}")
         if self.spawn:
             self._start_executors(models.policy, models.serving)
         else:
