@@ -123,21 +123,21 @@ class LiveRun:
         return found.group(1)
 
     def until(self, what: str, predicate: object, timeout_s: float = 120, every_s: float = 0.02) -> None:
-        """Poll ``predicate`` until true; fail (with the run's output) at the timeout or when the run ended. A
-        predicate that reads a process of the run may raise OSError once that process is gone."""
-        deadline = time.monotonic() + timeout_s
-        while not self._holds(predicate):
+        """Poll ``predicate`` until true; fail (with the run's output, and the last error reading it) at the
+        timeout or when the run ended. A predicate that reads a process of the run may raise OSError: once that
+        process is gone, or now and then while it runs (a metrics endpoint polled every few milliseconds has
+        reset a connection); either is polled again, not a verdict."""
+        deadline, error = time.monotonic() + timeout_s, ""
+        while True:
+            try:
+                if predicate():  # type: ignore[operator]
+                    return
+            except OSError as exc:
+                error = f" (last read failed: {exc!r})"
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise AssertionError(f"never saw {what} (run ended: {self.proc.poll() is not None}): {self.tail()}")
+                ended = self.proc.poll() is not None
+                raise AssertionError(f"never saw {what}{error} (run ended: {ended}): {self.tail()}")
             time.sleep(every_s)
-
-    def _holds(self, predicate: object) -> bool:
-        try:
-            return bool(predicate())  # type: ignore[operator]
-        except OSError:
-            if self.proc.poll() is None:
-                raise
-            return False
 
     def finish(self) -> dict:
         try:
