@@ -33,6 +33,7 @@ FAULT_TESTS = [
     "tests/integration/test_rose_run_executor_lost.py",
     "tests/integration/test_rose_controller_restart.py",
     "tests/integration/test_rose_run_interrupt.py",
+    "tests/integration/test_rose_run_relay_killed.py",
 ]
 """The `faults` session's runs (the unit-level fault and fuzz tests stay in their packages' sessions)."""
 

@@ -36,6 +36,7 @@ def test_partial_config_overrides_only_what_it_names() -> None:
         (b"[load]\nprompt_tokens = 0\n", "`prompt_tokens` must be > 0"),
         (b"[controller]\nstatus_interval_s = 0\n", "`status_interval_s` must be > 0"),
         (b"[controller]\nmetrics_port = -1\n", "`metrics_port` must be in 0..65535"),
+        (b"[controller]\nweights_port = 70000\n", "`weights_port` must be in 0..65535"),
         (b"[executors]\nstart_timeout_s = 0\n", "`start_timeout_s` must be > 0"),
         (b"[rl]\nweight_sync_timeout_s = 0\n", "`weight_sync_timeout_s` must be > 0"),
         (b"[rl]\nmax_context_tokens = 0\n", "`max_context_tokens` must be > 0"),

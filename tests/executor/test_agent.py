@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 import numpy as np
 import openai
 import psutil
@@ -20,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from faulty_proxy import FaultyProxy
 from rose_core.messages import (
     CancelTurn,
     Goodbye,
@@ -38,6 +40,7 @@ from rose_core.messages import (
 from rose_core.metrics import free_port
 from rose_core.weights import EngineLayout
 from rose_transfer import SparsePublisher
+from rose_transfer.wire.loop_thread import LoopThread
 
 from .conftest import SECRET
 from .controller_peer import ControllerPeer
@@ -339,6 +342,63 @@ def test_dedicated_role_stops_on_sigterm(tmp_path: Path, policy_dir: Path, secre
     finally:
         stop(process)
         controller.close()
+
+
+def start_dedicated(controller: ControllerPeer, config: Path, secret_file: Path, executor_id: str,
+                    ) -> tuple[subprocess.Popen[bytes], Register]:
+    """A dedicated executor in its own process, registered with ``controller``."""
+    command = executor_command(controller.address, "dedicated", config, secret_file, "--executor-id", executor_id)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    controller.expect(Hello, timeout=60, where=lambda h: h.peer_id == executor_id)
+    controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3))
+    return process, controller.expect(Register, timeout=120)
+
+
+def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sync(
+    tmp_path: Path, policy_dir: Path, secret_file: Path
+) -> None:
+    """SIGKILL while version 2 is half pulled into the engine (the publisher's replies stall at half of it):
+    the engine goes with the process; a new process registers at version 0, is sent the same announcement,
+    pulls the version whole and ends on the trainer's digest."""
+    config = tmp_path / "executor.toml"
+    config.write_text(f'policy_model_dir = "{policy_dir}"\nkv_cache_gib = 0.5\nmax_model_len = 1024\n')
+    state = load_file(str(policy_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(2)
+    versions = [{k: (v.float() + scale * torch.randn(v.shape, generator=generator)).to(v.dtype)
+                 for k, v in state.items()} for scale in (0.05, 0.1)]
+    layout = EngineLayout(tie_word_embeddings=False)
+    controller, proxies = ControllerPeer(SECRET), LoopThread("faulty-proxy")
+    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    process, again, proxy = None, None, None
+    try:
+        process, _ = start_dedicated(controller, config, secret_file, "ded-2")
+        children = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+        controller.send(publisher.publish(1, step=1, tensors=versions[0], layout=layout))
+        assert controller.expect(WeightApplied, timeout=60, where=lambda w: w.version == 1).ok
+        second = publisher.publish(2, step=2, tensors=versions[1], layout=layout)
+        half = second.total_bytes // 2
+        proxy = proxies.submit(FaultyProxy(int(second.source.rsplit(":", 1)[1]), stalls=[half]).start()).result()
+        controller.send(msgspec.structs.replace(second, source=proxy.source))
+        controller.expect(Heartbeat, timeout=30, where=lambda h: h.load.state == "updating" and proxy.stalled == 1)
+        process.kill()  # in the middle of version 2
+        assert process.wait(timeout=30) == -signal.SIGKILL
+        assert_gone(children)  # its engine went with it
+        again, register = start_dedicated(controller, config, secret_file, "ded-2")
+        assert register.weight_version == 0  # a new process holds what it loaded; nothing half-applied survives
+        controller.send(second)
+        applied = controller.expect(WeightApplied, timeout=60, where=lambda w: w.version == 2)
+    finally:
+        for running in (process, again):
+            if running is not None:
+                stop(running)
+        if proxy is not None:
+            proxies.submit(proxy.close()).result()
+        publisher.close()
+        proxies.stop()
+        controller.close()
+    assert (applied.ok, applied.full_sync, applied.error) == (True, True, "")
+    assert applied.weights_digest == second.manifest_digest
+    assert applied.bytes_received >= half  # the whole version, not the half the first process had pulled
 
 
 def test_bad_secret_is_one_clear_error_and_exit_2(tmp_path: Path, policy_dir: Path, serving_dir: Path) -> None:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from faulty_proxy import FaultyProxy
 from rose_core.messages import WeightAnnounce
 from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
 from rose_transfer.metrics import BUCKET_RETRIES, RECONNECTS
 
 from .conftest import SECRET, assert_same, random_state_dict
-from .faulty_proxy import FaultyProxy
 
 BUCKET = 16 * 1024
 

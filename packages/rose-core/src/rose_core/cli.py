@@ -71,9 +71,12 @@ class JobOptions:
 
 @main.command()
 @job_options
-def run(**options: Any) -> None:
+@click.option("--secret-file", type=click.Path(exists=True, dir_okay=False),
+              help="Use this shared secret (the one a `rose-transfer relay` elsewhere was given) instead of a new "
+                   "one in run_dir.")
+def run(secret_file: str | None, **options: Any) -> None:
     """Run the embedded job: controller, executors, production traffic and RL steps, on this machine."""
-    _run_job(JobOptions(**options), spawn=True, secret_file=None)
+    _run_job(JobOptions(**options), spawn=True, secret_file=secret_file)
 
 
 @main.command()

@@ -51,6 +51,9 @@ class ControllerConfig(ConfigSection):
     port: int = 0
     """Control port; 0 picks a free one."""
     metrics_port: int = 0
+    weights_port: int = 0
+    """The weight publisher's port; 0 picks a free one. Fix it when a `rose-transfer relay` in another cluster
+    pulls from the publisher (its ``--upstream tcp://<host>:<weights_port>``)."""
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 2.0
     status_interval_s: float = 0.5
@@ -62,7 +65,7 @@ class ControllerConfig(ConfigSection):
         require_positive(heartbeat_interval_s=self.heartbeat_interval_s, stall_timeout_s=self.stall_timeout_s,
                          status_interval_s=self.status_interval_s)
         require_non_negative(turn_timeout_s=self.turn_timeout_s)
-        require_port(port=self.port, metrics_port=self.metrics_port)
+        require_port(port=self.port, metrics_port=self.metrics_port, weights_port=self.weights_port)
         if self.stall_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("`stall_timeout_s` must exceed `heartbeat_interval_s`")
 

@@ -46,6 +46,9 @@ class WeightRelay(Protocol):
 class WeightPublisher(Protocol):
     """Serves weight versions to receivers that pull them."""
 
+    source: str
+    """Where receivers and relays reach it (``tcp://host:port``)."""
+
     def start_relay(self, relay_id: str, *, transport: str = "tcp") -> WeightRelay:
         """Start a relay of this publisher (receivers reach it over ``transport``: ``tcp`` or ``ucx``)."""
         ...

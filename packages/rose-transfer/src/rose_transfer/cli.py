@@ -1,4 +1,4 @@
-"""The `rose-transfer` command line: serve, fetch and benchmark weight versions."""
+"""The `rose-transfer` command line: serve, relay, fetch and benchmark weight versions."""
 
 from __future__ import annotations
 
@@ -48,6 +48,28 @@ def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, sec
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+
+
+@main.command()
+@click.option("--upstream", required=True, help="The publisher: tcp://HOST:PORT (`rose run`'s [controller] weights_port).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the cluster's receivers reach.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
+@click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
+              help="ucx: serve over UCX too.")
+@click.option("--ucx-port", type=click.IntRange(0, 65535), default=0, show_default=True)
+@click.option("--relay-id", default="", help="Name in the publisher's logs (default relay@SOURCE).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--progress-every", type=click.FloatRange(min=0.05), default=5.0, show_default=True,
+              help="Seconds between progress lines (printed when more bytes came from upstream).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event (started, progress, stopped).")
+def relay(upstream: str, host: str, port: int, transport: str, ucx_port: int, relay_id: str,
+          secret_file: str | None, progress_every: float, as_json: bool) -> None:
+    """Relay weight versions from a publisher to the receivers of this cluster until SIGTERM / Ctrl-C."""
+    from rose_transfer.serve.relay_process import RelaySettings, describe, serve_relay
+
+    settings = RelaySettings(upstream, host, port, transport, ucx_port, relay_id, progress_every)
+    secret = load_secret(secret_file)
+    serve_relay(secret, settings, lambda event: click.echo(json.dumps(event) if as_json else describe(event)))
 
 
 @main.command()

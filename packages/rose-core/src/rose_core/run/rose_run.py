@@ -117,7 +117,10 @@ class Launch:
         self.say = say
         self.spawn = spawn
         self.run_dir = Path(config.run_dir).resolve()
-        if spawn:
+        if spawn and secret_file is not None:  # the executors it starts read the same file
+            self.secret = load_secret(secret_file)
+            self.secret_path = Path(secret_file).resolve()
+        elif spawn:
             self.secret_path = self.run_dir / "secret"
             self.secret = write_new_secret(self.secret_path)
         else:
@@ -140,9 +143,10 @@ class Launch:
         self.say(f"models: policy {models.policy}, serving {models.serving}")
         self.controller = Controller(cfg, self.secret)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
-        self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host, port=0)
+        self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host,
+                                        port=cfg.controller.weights_port)
         self.controller.relays = self._start_relays(self.publisher)
-        self.say(f"controller {self.controller.address}  metrics {metrics_url}")
+        self.say(f"controller {self.controller.address}  metrics {metrics_url}  weights {self.publisher.source}")
         self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.observer_path}")
         if self.spawn:
             self._start_executors(models.policy, models.serving)

@@ -98,11 +98,12 @@ class Relay:
         """Bytes received from the publisher so far (what crossed the slow link to this relay)."""
         return self._upstream.bytes_received
 
-    def open_ucx(self) -> str:
-        """Serve receivers over UCX too (needs the ``[ucx]`` extra); returns its ``ucx://`` source."""
+    def open_ucx(self, port: int = 0) -> str:
+        """Serve receivers over UCX too (needs the ``[ucx]`` extra), on ``port`` (0: a free one); returns its
+        ``ucx://`` source."""
 
         async def start() -> str:
-            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host))
+            listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), port)
             self._ucx_listeners.append(listener)
             return source
 

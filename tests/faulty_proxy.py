@@ -1,4 +1,5 @@
-"""A TCP proxy between receivers and a publisher that cuts or corrupts the publisher's replies.
+"""A TCP proxy between receivers and a publisher that cuts, stalls or corrupts the publisher's replies (the transfer
+fault tests, and the executor's test of a process killed in the middle of a pull).
 
 ``cuts[i]`` is where connection ``i`` is cut (bytes of replies forwarded; ``None``: never),
 ``stalls[i]`` where it stops forwarding without closing, ``flip_at`` flips one bit of the first
