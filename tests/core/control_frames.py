@@ -3,14 +3,18 @@ in-process twin's (``test_inprocess_channel``): the same bad frames must meet th
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 from hypothesis import strategies as st
 
 from rose_core import messages as m
 from rose_core.auth import Signer
+from rose_core.messages import PROTOCOL_VERSION
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.serde import Encoder
-from rose_core.wire import envelope
+from rose_core.wire import SESSION_BYTES, Stamp, envelope
 
 SECRET = b"s" * 32
 OTHER = b"o" * 32
@@ -24,9 +28,11 @@ def hello(peer: str = "e1") -> m.Hello:
     return m.Hello(peer_id=peer, kind="executor")
 
 
-def sealed(header: bytes, secret: bytes = SECRET, version: int = 1) -> list[bytes]:
-    """A one-frame message signed as a peer would sign it (``version``: the protocol it claims)."""
-    env = envelope(version=version)
+def sealed(header: bytes, secret: bytes = SECRET, version: int = PROTOCOL_VERSION, stamp: Stamp | None = None
+           ) -> list[bytes]:
+    """A one-frame message signed as a peer would sign it (``version``: the protocol it claims), stamped as the
+    first message of a new session sealed now unless ``stamp`` is given."""
+    env = envelope(version=version, stamp=stamp or Stamp(os.urandom(SESSION_BYTES), 1, time.time()))
     return [env, Signer(secret).sign([env, header]), header]
 
 

@@ -28,7 +28,7 @@ from rose_core.channel import SEND_HWM, ControlClient, ControlServer
 from rose_core.errors import RoseError
 from rose_core.metrics import DROPPED_MESSAGES, free_port
 from rose_core.serde import Encoder
-from rose_core.wire import MAGIC, Framer, envelope
+from rose_core.wire import MAGIC, Framer, Stamp, envelope
 
 
 @pytest.fixture
@@ -233,4 +233,83 @@ def test_a_stream_of_garbage_never_stops_the_server(garbage: list[list[bytes]]) 
 
 
 def test_envelope_layout_is_stable() -> None:
-    assert envelope() == MAGIC + struct.pack(">HB", m.PROTOCOL_VERSION, 0)
+    stamp = Stamp(bytes(range(16)), 7, 1.5)
+    assert envelope(stamp=stamp) == MAGIC + struct.pack(">HB16sQd", m.PROTOCOL_VERSION, 0, bytes(range(16)), 7, 1.5)
+
+
+def dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, routing_id: bytes) -> zmq.Socket[bytes]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    sock.connect(address)
+    return sock
+
+
+def test_a_captured_message_played_again_is_rejected_and_counted(server: ControlServer) -> None:
+    """An executor's Hello and Goodbye as it sealed them, played again on its connection and from another one
+    (what evicted a live executor before replays were checked): each is accepted once, then counted as replay."""
+    sender = Framer(Signer(SECRET), m.ToController)
+    captured = [sender.seal(hello("e")), sender.seal(m.Goodbye(peer_id="e", reason="bye"))]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    genuine, other = dealer(ctx, server.address, b"e"), dealer(ctx, server.address, b"x")
+    before = rejected("replay")
+    try:
+        for frames in captured:
+            genuine.send_multipart(frames)
+        got = [server.recv(5), server.recv(5)]
+        for frames in captured:
+            genuine.send_multipart(frames)
+            other.send_multipart(frames)
+        deadline = time.monotonic() + 5
+        while rejected("replay") < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.recv(0.2) is None
+    finally:
+        genuine.close(0)
+        other.close(0)
+        ctx.term()
+    assert got == [(b"e", hello("e")), (b"e", m.Goodbye(peer_id="e", reason="bye"))]
+    assert rejected("replay") == before + 4
+
+
+def test_nobody_takes_over_a_connected_peers_route_with_its_id(server: ControlServer) -> None:
+    """No ROUTER_HANDOVER: a second connection with a live peer's routing id is refused, so what the server
+    sends to that id keeps going to the first."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    first = dealer(ctx, server.address, b"e")
+    second = None
+    try:
+        first.send_multipart(sealed_hello("e"))
+        assert server.recv(5) == (b"e", hello("e"))
+        second = dealer(ctx, server.address, b"e")
+        second.send_multipart(sealed_hello("e"))
+        assert server.recv(0.5) is None  # the second connection was refused: nothing from it arrives
+        server.send(b"e", m.Welcome(controller_id="c"))
+        assert first.poll(5000) and not second.poll(200)
+        assert Framer(Signer(SECRET), m.FromController).open(first.recv_multipart()) == m.Welcome(controller_id="c")
+    finally:
+        for sock in (first, second):
+            if sock is not None:
+                sock.close(0)
+        ctx.term()
+
+
+def test_an_encrypting_server_talks_to_encrypting_clients_of_either_credential_and_to_nobody_else() -> None:
+    """CurveZMQ keyed from the observer key: an executor (the secret) and a dashboard (the observer key) both
+    reach it; a plain client's connection never completes (nothing it sends arrives)."""
+    with ControlServer("tcp://127.0.0.1:0", SECRET, encrypt=True) as server:
+        executor = ControlClient(server.address, SECRET, "exec", encrypt_with=observer_key(SECRET))
+        dashboard = ControlClient(server.address, observer_key(SECRET), "tui", encrypt_with=observer_key(SECRET))
+        plain = ControlClient(server.address, SECRET, "plain")
+        try:
+            executor.send(hello("exec"))
+            dashboard.send(m.Hello(peer_id="tui", kind="observer"))
+            plain.send(hello("plain"))
+            got = sorted(str(server.recv(t)) for t in (5, 5, 1))
+            server.send(b"exec", m.Welcome(controller_id="c"))
+            assert executor.recv(5) == (b"controller", m.Welcome(controller_id="c"))
+        finally:
+            for client in (executor, dashboard, plain):
+                client.close()
+    assert got == sorted(map(str, [(b"exec", hello("exec")), (b"tui", m.Hello(peer_id="tui", kind="observer")), None]))
+    assert server.encrypted

@@ -172,11 +172,31 @@ def test_closed_ends_drop_what_is_sent(server: InProcessServer) -> None:
     InProcessServer(SECRET, address=server.address).close()  # the address is free again
 
 
-def test_a_second_client_with_the_same_id_takes_over(server: InProcessServer) -> None:
-    with InProcessClient(server.address, SECRET, "e") as first, InProcessClient(server.address, SECRET, "e") as second:
+def test_a_second_client_with_the_id_of_a_connected_one_is_refused_until_it_is_gone(server: InProcessServer) -> None:
+    first = InProcessClient(server.address, SECRET, "e")
+    with pytest.raises(RoseError, match="'e' is connected already"):
+        InProcessClient(server.address, SECRET, "e")
+    first.close()
+    with InProcessClient(server.address, SECRET, "e") as second:
         server.send(b"e", m.Welcome(controller_id="c"))
         assert first.recv(0) is None
         assert second.recv(0) == (b"controller", m.Welcome(controller_id="c"))
+
+
+def test_a_captured_message_played_again_is_rejected_and_counted(server: InProcessServer) -> None:
+    """The executor's own Hello and Goodbye, captured and played again (the eviction of a live executor): only
+    the first delivery of each is accepted, from its connection or any other."""
+    with InProcessClient(server.address, SECRET, "e") as genuine, InProcessClient(server.address, SECRET, "x") as other:
+        captured = [genuine._seal(hello("e")), genuine._seal(m.Goodbye(peer_id="e", reason="bye"))]
+        before = rejected("replay")
+        for frames in captured:
+            genuine.send_frames(frames)
+        for frames in captured:
+            genuine.send_frames(frames)
+            other.send_frames(frames)
+        got = [server.recv(0) for _ in range(3)]
+    assert got == [(b"e", hello("e")), (b"e", m.Goodbye(peer_id="e", reason="bye")), None]
+    assert rejected("replay") == before + 4
 
 
 @settings(max_examples=60, deadline=None)

@@ -110,7 +110,7 @@ def test_appending_a_field_with_a_default_keeps_old_peers_decoding() -> None:
     class HelloV2(msgspec.Struct, tag="hello", tag_field="type", kw_only=True):
         peer_id: str
         kind: str
-        protocol_version: int = 1
+        protocol_version: int = m.PROTOCOL_VERSION
         software: str = ""
         new_field: int = 7
 

@@ -22,8 +22,10 @@ import torch
 from safetensors.torch import load_file
 
 from faulty_proxy import FaultyProxy
+from rose_core.auth import Signer
 from rose_core.messages import (
     CancelTurn,
+    FromController,
     Goodbye,
     Heartbeat,
     Hello,
@@ -39,6 +41,7 @@ from rose_core.messages import (
 )
 from rose_core.metrics import free_port
 from rose_core.weights import EngineLayout
+from rose_core.wire import Framer
 from rose_transfer import SparsePublisher
 from rose_transfer.wire.loop_thread import LoopThread
 
@@ -277,8 +280,7 @@ def test_failed_fetch_keeps_the_version(executor: Executor) -> None:
 
 
 def test_prometheus_metrics(executor: Executor) -> None:
-    text = httpx.get(executor.register.metrics_endpoint, timeout=5).text
-    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line[:1] != "#"}
+    samples = metric_samples(executor)
     assert samples['rose_executor_rollout_turns_total{outcome="ok"}'] >= 5
     assert samples['rose_executor_rollout_turns_total{outcome="version"}'] >= 2
     assert samples['rose_executor_rollout_turns_total{outcome="capacity"}'] >= 1
@@ -296,6 +298,38 @@ def test_prometheus_metrics(executor: Executor) -> None:
     assert samples["rose_executor_rollout_prefix_hit_tokens_total"] > 0
     assert 0 < samples["rose_executor_rollout_prefix_hit_ratio"] < 1
     assert samples["rose_executor_guard_holds_total"] >= 1  # serving traffic under a 1 us SLO held the rollout
+
+
+def test_a_replayed_controller_message_is_rejected_and_counted(executor: Executor) -> None:
+    """A turn request as the controller sealed it, played again: run once; the copy is refused and counted."""
+    peer, server = executor.controller, executor.controller.server
+    version = peer.expect(Heartbeat, timeout=5).load.weight_version
+    frames = server.seal(peer.peer, turn("once", version=version))  # type: ignore[attr-defined]
+    server.send_frames(peer.peer, frames)  # type: ignore[attr-defined]
+    assert peer.expect(TurnResult, where=lambda r: r.turn_id == "once").output_token_ids.size > 0
+    replays = 'rose_rejected_messages_total{reason="replay"}'
+    before = metric_samples(executor).get(replays, 0.0)
+    server.send_frames(peer.peer, frames)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while metric_samples(executor).get(replays, 0.0) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric_samples(executor).get(replays, 0.0) == before + 1
+    peer.quiet_for(2, lambda msg: isinstance(msg, TurnResult) and msg.turn_id == "once")
+
+
+def test_a_forged_unsigned_notice_changes_nothing(executor: Executor) -> None:
+    """Anyone can send an unsigned notice: the executor shows it and does not act on it (no rejoin)."""
+    peer = executor.controller
+    forged = Framer(Signer(b"x" * 32), FromController).notice("no_handshake", "send Hello before anything else")
+    peer.server.send_frames(peer.peer, forged)  # type: ignore[attr-defined]
+    peer.send(turn("after-notice", version=peer.expect(Heartbeat, timeout=5).load.weight_version))
+    assert peer.expect(TurnResult, where=lambda r: r.turn_id == "after-notice").output_token_ids.size > 0
+    peer.quiet_for(1, lambda msg: isinstance(msg, Hello))
+
+
+def metric_samples(executor: Executor) -> dict[str, float]:
+    text = httpx.get(executor.register.metrics_endpoint, timeout=5).text
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line[:1] != "#"}
 
 
 def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:
@@ -435,7 +469,7 @@ def test_no_controller_is_one_clear_error(tmp_path: Path, policy_dir: Path, secr
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"rose-executor: error: no Welcome from the controller at {address} within 1 s: "
-        "check --controller and that the controller is running"
+        "check --controller and that the controller is running (and, if it encrypts, set encrypt_control = true)"
     )
 
 

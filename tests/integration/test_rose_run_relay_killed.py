@@ -1,6 +1,7 @@
 """`rose run` with the remote cluster's relay a process of its own (`rose-transfer relay`), killed with SIGKILL
 while the remote executor pulls a version through it: the executor falls back to the publisher, the job goes
-on, and every engine holds the trainer's weights every step. Real processes, real engines."""
+on, and every engine holds the trainer's weights every step. Real processes, real engines; the control plane
+encrypted (`[controller] encrypt`), so the executors `rose run` starts connect over CurveZMQ."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ run_dir = "{work}/run"
 
 [controller]
 weights_port = {weights_port}
+encrypt = true
 
 [rl]
 lr = 1e-6
@@ -98,6 +100,7 @@ def test_the_relay_served_until_it_was_killed_then_the_source_did(killed: dict[s
     relayed = [e["upstream_bytes"] for e in killed["_relay_events"] if e["event"] == "progress"]
     assert relayed and relayed[-1] > 0  # version 1 crossed the link to it
     assert f"cluster remote: serving-0 pull weights through {killed['_relay_source']}" in killed["_stdout"]
+    assert re.search(r"dashboard: rose-tui --connect tcp://\S+ --secret-file \S+ --encrypt\n", killed["_stdout"])
     log = killed["_log_files"]["executor-serving-0"]
     cut = re.search(r"weight fetch of version (\d+) interrupted \((.*)\); resuming\n(.*)\n", log)
     assert cut, log[-4000:]

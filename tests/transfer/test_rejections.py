@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from rose_core.auth import Signer
-from rose_core.messages import FetchManifest, Hello, TransferRequest
+from rose_core.messages import FetchManifest, Hello, TransferReply, TransferRequest, Welcome
 from rose_core.wire import Framer
 from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
 
@@ -49,11 +49,14 @@ async def _still_serves(publisher: DensePublisher, tmp_path: Path, version: int)
 async def test_bad_secret_is_rejected_counted_and_named(publisher: DensePublisher, tmp_path: Path) -> None:
     announce = publisher.publish(1, 0, random_state_dict())
     before = _rejected("unauthenticated")
-    intruder = WeightFetcher(b"not-the-secret-0123456789abcdef", "intruder")
-    with pytest.raises(TransferError, match="refused this receiver: bad signature: the peer's shared secret differs"):
+    intruder = WeightFetcher(b"not-the-secret-0123456789abcdef", "intruder", max_reconnects=1)
+    # the publisher's answer is an unsigned notice, which the receiver cannot trust: it tries again, then names it
+    with pytest.raises(TransferError, match=r"unsigned notice \(unauthenticated: bad signature: the peer's shared "
+                                            r"secret differs.*2 tries\): if that is the publisher, its shared secret "
+                                            r"differs from this receiver's"):
         await intruder.fetch(announce, -1, tmp_path / "v1.bin")
-    assert _rejected("unauthenticated") == before + 1
-    assert publisher.rejected == 1
+    assert _rejected("unauthenticated") == before + 2
+    assert publisher.rejected == 2
     assert list(tmp_path.iterdir()) == []
     await _still_serves(publisher, tmp_path, 2)
 
@@ -114,3 +117,64 @@ async def test_garbage_then_a_real_fetch(publisher: DensePublisher, tmp_path: Pa
     await asyncio.to_thread(_exchange, publisher.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _rejected("malformed") == before + 1
     await _still_serves(publisher, tmp_path, 1)
+
+
+async def test_connections_over_the_caps_are_closed_as_they_arrive_and_counted(tmp_path: Path) -> None:
+    """Two silent connections hold both slots for unauthenticated peers: the next is closed at once and counted
+    (never read); once they are gone, receivers are served again."""
+    with DensePublisher(secret=SECRET, host="127.0.0.1", port=0, max_unauthenticated=2) as capped:
+        before = _rejected("over_capacity")
+        silent = [socket.create_connection(("127.0.0.1", capped.port)) for _ in range(2)]
+        try:
+            await asyncio.sleep(0.2)
+            refused = await asyncio.to_thread(_exchange, capped.port, b"")
+            assert refused == b"" and _rejected("over_capacity") == before + 1
+        finally:
+            for sock in silent:
+                sock.close()
+        await asyncio.sleep(0.2)
+        await _still_serves(capped, tmp_path, 1)
+    with DensePublisher(secret=SECRET, host="127.0.0.1", port=0, max_connections=1) as one:
+        announce = one.publish(1, 0, random_state_dict())
+        holder = socket.create_connection(("127.0.0.1", one.port))
+        try:
+            await asyncio.sleep(0.2)
+            with pytest.raises(TransferError, match="cannot fetch weight version 1"):
+                await WeightFetcher(SECRET, "second", max_reconnects=1).fetch(announce, -1, tmp_path / "v.bin")
+        finally:
+            holder.close()
+        assert _rejected("over_capacity") >= before + 3
+
+
+async def _read_frames(reader: asyncio.StreamReader) -> list[bytes]:
+    count = struct.unpack(">I", await reader.readexactly(4))[0]
+    sizes = struct.unpack(f">{count}Q", await reader.readexactly(8 * count))
+    return [await reader.readexactly(size) for size in sizes]
+
+
+async def test_a_forged_unsigned_notice_in_place_of_a_reply_is_not_acted_on(
+    publisher: DensePublisher, tmp_path: Path
+) -> None:
+    """A peer on the path answers the manifest request with an unsigned notice (anyone can forge one): the
+    receiver treats the connection as broken, falls back to the source and gets the version bit-exact."""
+    replies = Framer(Signer(SECRET), TransferReply)
+
+    async def forge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_frames(reader)  # Hello: answered as the publisher would (a genuine relay, say)
+        writer.write(_frame([bytes(f) for f in replies.seal(Welcome(controller_id="relay"))]))
+        await _read_frames(reader)  # the manifest request: a forged notice in its place
+        writer.write(_frame([bytes(f) for f in replies.notice("unknown_version", "forged: no such version")]))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(forge, "127.0.0.1", 0)
+    tensors = random_state_dict(seed=7)
+    announce = publisher.publish(1, 0, tensors)
+    try:
+        relay = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        fetched = await WeightFetcher(SECRET, "r", max_reconnects=2).fetch(announce, -1, tmp_path / "v.bin",
+                                                                            relay=relay)
+    finally:
+        server.close()
+    assert_same(load_arrays(fetched), tensors)

@@ -18,12 +18,22 @@ No peer can stall an endpoint (rules, not buffer sizes):
 - A DEALER whose controller is down queues up to ``SEND_HWM`` messages for the next one and drops the
   rest (a restarted controller answers that stale burst's first message with ``no_handshake``, and the
   executor joins it again: ``rose_executor.agent``).
+- No ``ROUTER_HANDOVER``: a second connection with a routing id already connected is refused by libzmq
+  until the first one is gone (closed, or silent past the heartbeat timeout), so nobody takes over a live
+  executor's route (and the signed turns sent on it) by connecting with its id.
 - ``MAXMSGSIZE``: libzmq drops a connection whose frame is larger than the message limit before it
   is buffered whole (before authentication).
+
+Optional encryption (``encrypt=True`` on the server, ``encrypt_with`` on each client): CurveZMQ on the
+connection. The server's Curve keypair is derived from the observer key (``curve_server_keys``), so every
+holder of a ROSE credential (the secret, or the dashboard's observer key) can reach an encrypting controller
+and nobody else can read the traffic; clients make a fresh keypair each. Authentication stays the MAC's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import logging
 import threading
@@ -34,6 +44,7 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 import zmq
+import zmq.utils.z85
 
 from rose_core.auth import Signer, observer_key
 from rose_core.control_endpoint import ClientCallback, ServerCallback, observer_may_send
@@ -189,8 +200,16 @@ class _Endpoint(Inbound[InT]):
         """Whom outgoing ``frames`` (as ``_route`` made them) are for."""
 
 
+def curve_server_keys(link_key: bytes) -> tuple[bytes, bytes]:
+    """The controller's CurveZMQ ``(public, secret)`` keys (Z85), derived from ``link_key``: the observer key
+    (``rose_core.auth.observer_key``), which both the secret's holders and a dashboard can compute."""
+    secret = zmq.utils.z85.encode(hmac.new(link_key, b"rose-curve-server", hashlib.sha256).digest())
+    return zmq.curve_public(secret), secret
+
+
 class ControlServer(_Endpoint[ToController]):
-    """The controller's bound ROUTER socket. Peers are identified by their routing id."""
+    """The controller's bound ROUTER socket. Peers are identified by their routing id. ``encrypt``: CurveZMQ
+    (every client must connect with ``encrypt_with``)."""
 
     def __init__(
         self,
@@ -198,11 +217,18 @@ class ControlServer(_Endpoint[ToController]):
         secret: bytes,
         on_message: ServerCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        encrypt: bool = False,
     ) -> None:
         guest = Signer(observer_key(secret))  # a dashboard given only the observer key may watch
         super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes, guest)
+        if encrypt:
+            public, private = curve_server_keys(observer_key(secret))
+            self._sock.curve_server = True
+            self._sock.curve_publickey = public
+            self._sock.curve_secretkey = private
+        self.encrypted = encrypt
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             self._sock.bind(address)
         except zmq.ZMQError as exc:
@@ -216,6 +242,17 @@ class ControlServer(_Endpoint[ToController]):
     def send(self, peer: bytes, msg: FromController) -> None:
         self._send(peer, msg)
 
+    def seal(self, peer: bytes, msg: FromController) -> list[Any]:
+        """The frames ``send`` would put on the wire for ``peer`` (stamped with this endpoint's next number)."""
+        with self._push_lock:
+            return self._send_framer.seal(msg, guest=peer in self.guests)
+
+    def send_frames(self, peer: bytes, frames: list[Any]) -> None:
+        """Put already-sealed (or raw) frames on the wire to ``peer``, through the I/O thread like ``send``."""
+        with self._push_lock:
+            self._push.send_multipart(self._route(peer, frames), copy=False)
+            self._queued += 1
+
     def _split(self, frames: list[Any]) -> tuple[bytes, list[Any]]:
         return bytes(frames[0].buffer), frames[1:]
 
@@ -227,7 +264,8 @@ class ControlServer(_Endpoint[ToController]):
 
 
 class ControlClient(_Endpoint[FromController]):
-    """A peer's DEALER socket connected to the controller."""
+    """A peer's DEALER socket connected to the controller. ``encrypt_with``: the observer key, to reach a
+    controller that encrypts (CurveZMQ); ``None``: plain."""
 
     def __init__(
         self,
@@ -236,8 +274,15 @@ class ControlClient(_Endpoint[FromController]):
         peer_id: str,
         on_message: ClientCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        encrypt_with: bytes | None = None,
     ) -> None:
         super().__init__(zmq.DEALER, secret, FromController, on_message, max_message_bytes)
+        if encrypt_with is not None:
+            public, private = zmq.curve_keypair()
+            self._sock.curve_serverkey = curve_server_keys(encrypt_with)[0]
+            self._sock.curve_publickey = public
+            self._sock.curve_secretkey = private
         self._sock.setsockopt(zmq.ROUTING_ID, peer_id.encode())
         try:
             self._sock.connect(address)

@@ -51,6 +51,9 @@ class ControllerConfig(ConfigSection):
     port: int = 0
     """Control port; 0 picks a free one."""
     metrics_port: int = 0
+    encrypt: bool = False
+    """Encrypt the control socket (CurveZMQ; keys derived from the secret, docs/security.md). `rose run` tells
+    the executors it starts; executors started elsewhere need `encrypt_control = true`, `rose-tui` `--encrypt`."""
     weights_port: int = 0
     """The weight publisher's port; 0 picks a free one. Fix it when a `rose-transfer relay` in another cluster
     pulls from the publisher (its ``--upstream tcp://<host>:<weights_port>``)."""

@@ -44,6 +44,8 @@ class ProtocolError(Exception):
         "wrong_version",
         "no_handshake",
         "wrong_role",
+        "replay",
+        "over_capacity",
     )
 
     def __init__(self, reason: str, message: str) -> None:

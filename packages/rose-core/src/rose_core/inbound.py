@@ -1,6 +1,7 @@
 """The receiving half every control endpoint shares, over ZMQ (``channel``) or in one process
 (``inprocess_channel``): open each arrived message with a ``Framer`` (size, envelope, version, signature,
-decoding), reject what fails, and hand the rest to a callback or to the queue ``recv`` reads.
+decoding), check that it is fresh (``rose_core.replay_guard``: a captured message played again is rejected as
+``replay``), reject what fails, and hand the rest to a callback or to the queue ``recv`` reads.
 
 A rejected message is logged (rate-limited), counted in ``rose_rejected_messages_total{reason}`` and in
 ``rejected``, and dropped; a peer that failed authentication or the version check gets one unsigned notice
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from rose_core.errors import ProtocolError
 from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.replay_guard import ReplayGuard
 from rose_core.wire import Framer
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ class Inbound(ABC, Generic[InT]):
 
     def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None) -> None:
         self._framer = framer
+        self._replays = ReplayGuard()
         self._on_message = on_message
         self._inbox: queue.SimpleQueue[tuple[bytes, InT] | None] = queue.SimpleQueue()
         """A ``SimpleQueue``, not a ``Queue``: its blocking ``get`` holds no Python-level lock, so the
@@ -64,7 +68,9 @@ class Inbound(ABC, Generic[InT]):
     def _open(self, peer: bytes, frames: Sequence[Any]) -> InT | None:
         """The decoded message, or ``None`` when it was rejected."""
         try:
-            msg, guest = self._framer.open_keyed(frames)
+            msg, guest, stamp = self._framer.open_keyed(frames)
+            if stamp is not None:  # None: an unsigned notice, shown and never acted on
+                self._replays.check(peer, stamp, time.time())
         except ProtocolError as exc:
             self._reject(peer, exc)
             return None

@@ -93,7 +93,8 @@ class _InProcessEnd(Inbound[InT]):
 
 class InProcessServer(_InProcessEnd[ToController]):
     """The controller's end. Peers are identified by their ``peer_id`` (a routing id over ZMQ); a second
-    client with the same id takes the first one's place, as with ``ROUTER_HANDOVER``."""
+    client with the id of one still connected is refused (``RoseError``), as the ZMQ server refuses such a
+    connection (no ``ROUTER_HANDOVER``)."""
 
     def __init__(
         self,
@@ -133,6 +134,9 @@ class InProcessServer(_InProcessEnd[ToController]):
         client._arrive(CONTROLLER_PEER, frames)
 
     def _connect(self, peer: bytes, client: InProcessClient) -> None:
+        if peer in self._peers:
+            raise RoseError(f"{peer.decode(errors='replace')!r} is connected already: close it before connecting "
+                            "another client with its id")
         self._peers[peer] = client
 
     def _disconnect(self, peer: bytes, client: InProcessClient) -> None:

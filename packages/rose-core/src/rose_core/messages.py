@@ -16,7 +16,7 @@ from typing import Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 Role = Literal["dedicated", "serving"]
 PeerKind = Literal["executor", "observer", "weights"]

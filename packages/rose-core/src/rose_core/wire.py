@@ -1,7 +1,9 @@
 """Frame layout of one control-plane message and its checks, independent of the socket library.
 
 ``[envelope, mac, header, *buffers]``: ``envelope`` is ``b"ROSE"`` + protocol version (u16, big-endian)
-+ flags (u8); ``mac`` is HMAC-SHA256 over envelope, header and buffers (flag ``SIGNED``), or, for
++ flags (u8), then the sender's stamp: its session (16 random bytes per sealing ``Framer``), a sequence number
+(u64, +1 per message that ``Framer`` seals) and the time it sealed the message (f64, Unix seconds), which the
+receiver's ``rose_core.replay_guard`` checks so a captured message cannot be played again; ``mac`` is HMAC-SHA256 over envelope, header and buffers (flag ``SIGNED``), or, for
 messages with bulk buffers sealed by a ``Framer(bulk_mac="poly1305")``, a one-time-key Poly1305 tag
 (flag ``SIGNED_POLY1305``, see ``rose_core.auth``). Every ``Framer`` opens both; the flag is inside
 what is signed, so it cannot be flipped. An unsigned error notice
@@ -15,9 +17,12 @@ and ``open_keyed`` says which key it was, so replies to that peer are sealed wit
 
 from __future__ import annotations
 
+import itertools
+import os
 import struct
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -27,7 +32,9 @@ from rose_core.messages import PROTOCOL_VERSION, ErrorReport
 from rose_core.serde import Decoder, Encoder
 
 MAGIC = b"ROSE"
-_ENV = struct.Struct(">4sHB")
+_HEAD = struct.Struct(">4sHB")
+_STAMP = struct.Struct(">16sQd")
+SESSION_BYTES = 16
 SIGNED = 0
 UNSIGNED_NOTICE = 1
 SIGNED_POLY1305 = 2
@@ -36,8 +43,29 @@ UNSIGNED_REF = "unsigned"
 """The ``ref`` of every unsigned notice a ``Framer`` opens (set by the receiver): display it, never act on it."""
 
 
-def envelope(flags: int = SIGNED, version: int = PROTOCOL_VERSION) -> bytes:
-    return _ENV.pack(MAGIC, version, flags)
+class Stamp(NamedTuple):
+    """Who sealed a message and when, as its envelope says (covered by the MAC)."""
+
+    session: bytes
+    seq: int
+    sent_at: float
+
+
+NO_STAMP = Stamp(bytes(SESSION_BYTES), 0, 0.0)
+"""The stamp an unsigned notice carries on the wire."""
+
+
+def envelope(flags: int = SIGNED, version: int = PROTOCOL_VERSION, stamp: Stamp = NO_STAMP) -> bytes:
+    return _HEAD.pack(MAGIC, version, flags) + _STAMP.pack(*stamp)
+
+
+class Opened(NamedTuple):
+    """An opened message: the message, whether only the guest key verified it, and its sender's stamp (``None``
+    for an unsigned notice: nothing vouches for it, it is shown and never acted on)."""
+
+    msg: Any
+    guest: bool
+    stamp: Stamp | None
 
 
 class Framer:
@@ -62,15 +90,19 @@ class Framer:
         self._decoder = Decoder(decode_type)
         self._notice_decoder = Decoder(ErrorReport)
         self._max = max_message_bytes
+        self.session = os.urandom(SESSION_BYTES)
+        self._seq = itertools.count(1)
 
     def seal(self, msg: msgspec.Struct, *, guest: bool = False) -> list[Any]:
-        """Frames of ``msg`` signed with the key (``guest``: the guest key, for a peer that holds only that)."""
+        """Frames of ``msg`` signed with the key (``guest``: the guest key, for a peer that holds only that),
+        stamped with this framer's session, its next sequence number and the time."""
         signer = self._guest if guest and self._guest is not None else self._signer
         payload = self._encoder.encode(msg)
+        stamp = Stamp(self.session, next(self._seq), time.time())
         if self._fast_bulk and len(payload) > 1:
-            env = envelope(SIGNED_POLY1305)
+            env = envelope(SIGNED_POLY1305, stamp=stamp)
             return [env, signer.sign_fast([env, *payload]), *payload]
-        env = envelope()
+        env = envelope(stamp=stamp)
         return [env, signer.sign([env, *payload]), *payload]
 
     def notice(self, code: str, message: str) -> list[Any]:
@@ -80,29 +112,35 @@ class Framer:
 
     def open(self, frames: Sequence[Any]) -> Any:
         """The decoded message, or ``ProtocolError`` naming why the frames were rejected."""
-        return self.open_keyed(frames)[0]
+        return self.open_keyed(frames).msg
 
-    def open_keyed(self, frames: Sequence[Any]) -> tuple[Any, bool]:
-        """``(message, signed with the guest key)``, or ``ProtocolError`` naming why it was rejected."""
+    def open_keyed(self, frames: Sequence[Any]) -> Opened:
+        """The message, whether only the guest key verified it, and its stamp; or ``ProtocolError`` naming why
+        it was rejected."""
         size = sum(memoryview(f).nbytes for f in frames)
         if size > self._max:
             raise ProtocolError("oversized", f"message of {size} bytes exceeds the limit of {self._max}")
         if len(frames) < 3:
             raise ProtocolError("malformed", f"message has {len(frames)} frames, needs at least 3")
         env, mac, payload = bytes(frames[0]), bytes(frames[1]), frames[2:]
-        if len(env) != _ENV.size or env[:4] != MAGIC:
+        if len(env) < _HEAD.size or env[:4] != MAGIC:
             raise ProtocolError("malformed", "not a ROSE frame (bad envelope)")
-        _, version, flags = _ENV.unpack(env)
+        _, version, flags = _HEAD.unpack_from(env)
         if flags == UNSIGNED_NOTICE:  # its ref is ours, not the sender's: nobody can pass one off as signed
-            return msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), False
+            return Opened(msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), False,
+                          None)
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
                 "wrong_version",
                 f"peer speaks protocol {version}, this process speaks {PROTOCOL_VERSION}: "
                 "install matching rose-core versions on both ends",
             )
+        if len(env) != _HEAD.size + _STAMP.size:
+            raise ProtocolError("malformed", f"envelope of {len(env)} bytes, protocol {version} has "
+                                             f"{_HEAD.size + _STAMP.size}")
+        stamp = Stamp(*_STAMP.unpack_from(env, _HEAD.size))
         if _verified(self._signer, flags, mac, [env, *payload]):
-            return self._decoder.decode(payload), False
+            return Opened(self._decoder.decode(payload), False, stamp)
         if self._guest is None or not _verified(self._guest, flags, mac, [env, *payload]):
             raise ProtocolError("unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE)")
         msg = self._decoder.decode(payload)
@@ -110,7 +148,7 @@ class Framer:
             raise ProtocolError(
                 "wrong_role", f"{type(msg).__name__} signed with the observer key: an observer may only watch"
             )
-        return msg, True
+        return Opened(msg, True, stamp)
 
 
 def _verified(signer: Signer, flags: int, mac: bytes, frames: list[Any]) -> bool:

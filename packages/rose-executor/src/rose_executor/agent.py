@@ -29,9 +29,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import assert_never
 
+from rose_core.auth import observer_key
 from rose_core.channel import ControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
@@ -146,7 +148,10 @@ class ExecutorAgent:
     async def run(self) -> int:
         self._install_signal_handlers()
         try:
-            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id, self._connect)
+            connect = self._connect
+            if self.config.encrypt_control and connect is ControlClient:
+                connect = partial(ControlClient, encrypt_with=observer_key(self.options.secret))
+            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id, connect)
             welcome = await self._handshake(self._link)
             self._welcomed = True
             self._heartbeat_s = welcome.heartbeat_interval_s
@@ -198,7 +203,8 @@ class ExecutorAgent:
         waited = f"no Welcome from the controller at {self.options.controller} within {self.config.welcome_timeout_s:g} s"
         if notice is not None:
             raise RoseError(f"{waited}; it answered with an unsigned notice ({notice.code}): {notice.message}")
-        raise RoseError(f"{waited}: check --controller and that the controller is running")
+        encrypted = "" if self.config.encrypt_control else " (and, if it encrypts, set encrypt_control = true)"
+        raise RoseError(f"{waited}: check --controller and that the controller is running{encrypted}")
 
     # ---------------------------------------------------------------- engines
 

@@ -69,6 +69,8 @@ class ExecutorConfig(ConfigSection):
     heartbeat_interval_s: float = 1.0
     """Used until the controller's Welcome names its own interval, which wins."""
     welcome_timeout_s: float = 10.0
+    encrypt_control: bool = False
+    """Reach a controller whose control socket encrypts (`rose` config `[controller] encrypt`; CurveZMQ)."""
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 400.0
     headroom_fraction: float = 0.8

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rose_core.errors import RoseError
+from rose_core.messages import ErrorReport
+from rose_core.wire import UNSIGNED_REF
 
 
 class TransferError(RoseError):
@@ -11,3 +15,15 @@ class TransferError(RoseError):
 
 class BucketCorrupt(Exception):
     """One received bucket failed its signature or checksum; the fetcher pulls it again."""
+
+
+class UntrustedNotice(ConnectionError):
+    """An unsigned notice came where a signed reply was due. Anyone on the path can forge one, so it is not
+    acted on: the connection is treated as broken (retried, then the source fallen back from), and the
+    notice's text is kept for the error a person reads if the retries run out."""
+
+
+def refuse_unsigned(reply: Any, source: str) -> None:
+    """Raise ``UntrustedNotice`` if ``reply`` is an unsigned notice (``Framer`` marks every one it opens)."""
+    if isinstance(reply, ErrorReport) and reply.ref == UNSIGNED_REF:
+        raise UntrustedNotice(f"{source} sent an unsigned notice ({reply.code}: {reply.message}); not trusted")

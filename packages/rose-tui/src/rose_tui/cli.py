@@ -33,11 +33,13 @@ PROGRAM = "rose-tui"
     show_default=True,
     help="Seconds without a status before the controller is shown as unreachable.",
 )
+@click.option("--encrypt", is_flag=True, help="The controller encrypts its control socket ([controller] encrypt).")
 @click.version_option(__version__, prog_name=PROGRAM)
-def main(address: str, secret_file: str | None, stall_after: float) -> None:
+def main(address: str, secret_file: str | None, stall_after: float, encrypt: bool) -> None:
     """Live dashboard of a ROSE controller: executors, the RL step, serving latency against the SLO."""
     from rose_tui.app import RoseTui
     from rose_tui.status_feed import StatusFeed
 
-    feed = StatusFeed(address, as_observer(load_secret(secret_file)))  # read-only: it can watch, nothing else
+    # read-only: it can watch, nothing else
+    feed = StatusFeed(address, as_observer(load_secret(secret_file)), encrypt=encrypt)
     RoseTui(feed, stall_after_s=stall_after).run()

@@ -23,10 +23,12 @@ def new_peer_id() -> str:
 class StatusFeed:
     """An observer connected to a controller's control address."""
 
-    def __init__(self, address: str, secret: bytes, peer_id: str | None = None) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str | None = None, *, encrypt: bool = False) -> None:
+        """``secret``: the observer key the dashboard signs with; ``encrypt``: the controller encrypts its control
+        socket (`[controller] encrypt`), so connect over CurveZMQ with keys derived from that same key."""
         self.address = address
         self.peer_id = peer_id or new_peer_id()
-        self._client = ControlClient(address, secret, peer_id=self.peer_id)
+        self._client = ControlClient(address, secret, peer_id=self.peer_id, encrypt_with=secret if encrypt else None)
         self._closed = False
 
     def hello(self) -> None:

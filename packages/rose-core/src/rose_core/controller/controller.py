@@ -121,7 +121,8 @@ class Controller:
         self._next_status = 0.0
         self.started_at = time.time()
         cc = config.controller
-        self.server: ServerEndpoint = ControlServer(f"tcp://{cc.host}:{cc.port}", secret) if server is None else server
+        self.server: ServerEndpoint = (ControlServer(f"tcp://{cc.host}:{cc.port}", secret, encrypt=cc.encrypt)
+                                       if server is None else server)
         self.address = self.server.address
 
     # ---------------------------------------------------------------- driving

@@ -92,6 +92,7 @@ def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, i
         "slo_ttft_ms": config.slo.ttft_ms,
         "slo_tpot_ms": config.slo.tpot_ms,
         "headroom_fraction": config.slo.headroom_fraction,
+        "encrypt_control": config.controller.encrypt,
     }
     if role == "serving":
         section.update(
@@ -147,7 +148,8 @@ class Launch:
                                         port=cfg.controller.weights_port)
         self.controller.relays = self._start_relays(self.publisher)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}  weights {self.publisher.source}")
-        self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.observer_path}")
+        encrypt = " --encrypt" if cfg.controller.encrypt else ""
+        self.say(f"dashboard: rose-tui --connect {self.controller.address} --secret-file {self.observer_path}{encrypt}")
         if self.spawn:
             self._start_executors(models.policy, models.serving)
         else:

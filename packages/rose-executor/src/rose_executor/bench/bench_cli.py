@@ -38,7 +38,7 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
     default=1.5,
     show_default=True,
     type=click.FloatRange(1.0),
-    help="SLOs = this multiple of the serving-alone p99 (first repeat, median over the levels).",
+    help="SLOs = this multiple of the serving-alone p99 (median over 3 passes of the three levels).",
 )
 @click.option(
     "--repeats",

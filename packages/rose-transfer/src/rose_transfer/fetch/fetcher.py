@@ -24,7 +24,7 @@ from rose_core.errors import ConfigError, ProtocolError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_transfer.codec.patch_positions import changed_offsets
-from rose_transfer.errors import TransferError
+from rose_transfer.errors import TransferError, UntrustedNotice
 from rose_transfer.fetch.bucket_buffers import BucketBuffers
 from rose_transfer.fetch.bucket_sink import BucketSink
 from rose_transfer.fetch.fetch_progress import FetchProgress
@@ -229,9 +229,12 @@ class WeightFetcher:
                     failures = 0
                     continue
                 if failures > self.max_reconnects:
+                    fix = ("if that is the publisher, its shared secret differs from this receiver's: use the "
+                           "controller's" if isinstance(exc, UntrustedNotice)
+                           else "check that the publisher runs and is reachable")
                     raise TransferError(
                         f"cannot fetch weight version {progress.version} from {progress.source} "
-                        f"({_describe(exc)}, {failures} tries): check that the publisher runs and is reachable"
+                        f"({_describe(exc)}, {failures} tries): {fix}"
                     ) from exc
                 log.warning("weight fetch of version %d interrupted (%s); resuming", progress.version, _describe(exc))
                 RECONNECTS.inc()

@@ -26,7 +26,7 @@ from rose_core.messages import (
 )
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer._version import __version__
-from rose_transfer.errors import BucketCorrupt, TransferError
+from rose_transfer.errors import BucketCorrupt, TransferError, refuse_unsigned
 from rose_transfer.fetch.bucket_sink import BucketSink
 from rose_transfer.fetch.fetch_progress import FetchProgress
 from rose_transfer.metrics import BUCKET_RETRIES
@@ -63,7 +63,9 @@ class TransferClient:
     async def _request(self, msg: Any) -> Any:
         await self._conn.send(self._framer.seal(msg))
         frames = await self._conn.recv(DEFAULT_MAX_MESSAGE_BYTES, idle_timeout=self._timeout)
-        return self._framer.open(frames)
+        reply = self._framer.open(frames)
+        refuse_unsigned(reply, self.source)  # retried like a dropped connection, never acted on
+        return reply
 
     async def _handshake(self, receiver_id: str) -> None:
         hello = Hello(peer_id=receiver_id, kind="weights", software=f"rose-transfer {__version__}")

@@ -39,7 +39,9 @@ class DensePublisher:
 
     ``bulk_mac``: how bucket replies are signed: ``"poly1305"`` (default; a one-time-key Poly1305 tag,
     about 7x cheaper than HMAC) or ``"hmac-sha256"``. Receivers accept both; control messages are always
-    HMAC-SHA256. Neither encrypts: see docs/transfer.md, "Threat model"."""
+    HMAC-SHA256. Neither encrypts: see docs/transfer.md, "Threat model". ``max_connections`` /
+    ``max_unauthenticated``: connections open at once / of those, still before their handshake (more are closed
+    as they arrive and counted as ``over_capacity``)."""
 
     sparse: ClassVar[bool] = False  # answer a receiver holding a kept version with patches against it
 
@@ -53,6 +55,8 @@ class DensePublisher:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         publisher_id: str = "",
         bulk_mac: str = POLY1305,
+        max_connections: int = 1024,
+        max_unauthenticated: int = 64,
     ) -> None:
         if self.sparse and keep_versions < 2:
             raise ConfigError(
@@ -69,7 +73,8 @@ class DensePublisher:
         self.source = format_source(advertised_host(host), self.port)
         self._host = host
         server_id = publisher_id or f"weights@{self.source}"
-        self._server = TransferServer(secret, self._store, server_id, sparse=self.sparse, bulk_mac=bulk_mac)
+        self._server = TransferServer(secret, self._store, server_id, sparse=self.sparse, bulk_mac=bulk_mac,
+                                      max_connections=max_connections, max_unauthenticated=max_unauthenticated)
         self._thread = LoopThread("rose-weight-publisher")
         self._serving = self._thread.submit(self._server.serve(self._listener))
         self._tcp_listeners: list[socket.socket] = []

@@ -7,6 +7,12 @@ per version), so a receiver that keeps several requests in flight is never idle 
 rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
 
+Connections are capped before anything is read from them: at most ``max_connections`` open and, of those,
+at most ``max_unauthenticated`` still before their handshake (each has ``handshake_timeout`` to send it). A
+connection over either cap is closed as it arrives and counted (``reason="over_capacity"``), so a peer
+without the secret can hold at most ``max_unauthenticated`` slots for ``handshake_timeout`` each, and never
+the slots of receivers already connected.
+
 A ``sparse`` server answers ``FetchBucket(have_version=v)`` for a version it still keeps with a patch
 against ``v`` (``bucket_patch``; encoded and signed once per (bucket, base, view) on a worker thread,
 shared by every receiver and relay asking for it), and anything else dense. Each listener may have a
@@ -67,8 +73,14 @@ class TransferServer:
         read_ahead: int = 8,
         sparse: bool = False,
         bulk_mac: str = POLY1305,
+        max_connections: int = 1024,
+        max_unauthenticated: int = 64,
     ) -> None:
         self._secret = secret
+        self._max_connections = max_connections
+        self._max_unauthenticated = max_unauthenticated
+        self._open = 0
+        self._unauthenticated = 0
         self._store = store
         self.server_id = server_id
         self._handshake_timeout = handshake_timeout
@@ -123,15 +135,27 @@ class TransferServer:
 
     async def handle_connection(self, conn: FrameConnection, peer: str) -> None:
         """Serve one accepted connection (a ``FrameSocket`` or a ``UcxFrameSocket``) until it ends."""
+        if self._open >= self._max_connections or self._unauthenticated >= self._max_unauthenticated:
+            self._over_capacity(peer)
+            conn.close()
+            return
         framer = Framer(Signer(self._secret), TransferRequest, MAX_REQUEST_BYTES)
+        self._open += 1
+        self._unauthenticated += 1
+        handshaking = True
         try:
-            if await self._handshake(conn, framer, peer):
+            accepted = await self._handshake(conn, framer, peer)
+            self._unauthenticated, handshaking = self._unauthenticated - 1, False
+            if accepted:
                 await self._serve(conn, framer)
         except ProtocolError as exc:
             await self._reject(conn, framer, peer, exc)
         except (OSError, TimeoutError) as exc:
             log.debug("weight connection from %s ended: %s", peer, exc)
         finally:
+            self._open -= 1
+            if handshaking:
+                self._unauthenticated -= 1
             conn.close()
 
     async def _handshake(self, conn: FrameConnection, framer: Framer, peer: str) -> bool:
@@ -146,6 +170,14 @@ class TransferServer:
         log.debug("weight receiver %s connected from %s", hello.peer_id, peer)
         await conn.send(self._sealer.seal(Welcome(controller_id=self.server_id)))
         return True
+
+    def _over_capacity(self, peer: str) -> None:
+        self.rejected += 1
+        REJECTED_MESSAGES.labels("over_capacity").inc()
+        if self.rejected <= 20 or self.rejected % 1000 == 0:
+            log.warning("refused a weight connection from %s: %d open (limit %d), %d before their handshake "
+                        "(limit %d)", peer, self._open, self._max_connections, self._unauthenticated,
+                        self._max_unauthenticated)
 
     async def _reject(self, conn: FrameConnection, framer: Framer, peer: str, exc: ProtocolError) -> None:
         self.rejected += 1

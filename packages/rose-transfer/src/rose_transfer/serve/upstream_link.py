@@ -19,7 +19,7 @@ from rose_core.auth import Signer
 from rose_core.messages import Hello, TransferReply, WeightManifest, Welcome
 from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer._version import __version__
-from rose_transfer.errors import TransferError
+from rose_transfer.errors import TransferError, refuse_unsigned
 from rose_transfer.wire.connect import open_connection
 from rose_transfer.wire.frame_connection import REPLY_OVERHEAD, FrameConnection
 
@@ -68,6 +68,7 @@ class UpstreamLink:
         hello = Hello(peer_id=self.relay_id, kind="weights", software=f"rose-transfer {__version__} relay")
         await conn.send(framer.seal(hello))
         reply = framer.open(await conn.recv(DEFAULT_MAX_MESSAGE_BYTES, idle_timeout=self._timeout))
+        refuse_unsigned(reply, self.source)
         if not isinstance(reply, Welcome):
             raise TransferError(f"the publisher at {self.source} refused the relay: check the shared secret")
 
@@ -83,6 +84,7 @@ class UpstreamLink:
                 frames = await conn.recv(limit, idle_timeout=self._timeout)
                 self.bytes_received += sum(memoryview(f).nbytes for f in frames)
                 reply = await loop.run_in_executor(None, framer.open, frames)  # verify before forwarding
+                refuse_unsigned(reply, self.source)  # a forged notice breaks the link; never forwarded
                 if isinstance(reply, WeightManifest) and reply.bucket_bytes + REPLY_OVERHEAD > limit:
                     limit = reply.bucket_bytes + REPLY_OVERHEAD
                     framer = Framer(Signer(self._secret), TransferReply, limit)
