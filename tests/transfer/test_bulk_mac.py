@@ -9,9 +9,12 @@ import pytest
 from rose_core.auth import Signer
 from rose_core.errors import ConfigError, ProtocolError
 from rose_core.messages import BucketData, TransferReply, Welcome
-from rose_core.wire import SIGNED, SIGNED_POLY1305, Framer
+from rose_core.wire import MAGIC, SIGNED, SIGNED_POLY1305, Framer
 
 from .conftest import SECRET
+
+FLAGS_AT = len(MAGIC) + 2
+"""The envelope's flags byte: after the magic and the u16 protocol version (the sender's stamp follows)."""
 
 
 def _bucket() -> BucketData:
@@ -20,7 +23,7 @@ def _bucket() -> BucketData:
 
 
 def _flag(frames: list[bytes]) -> int:
-    return frames[0][-1]
+    return frames[0][FLAGS_AT]
 
 
 def test_buckets_are_signed_fast_and_open_anywhere() -> None:
@@ -40,14 +43,16 @@ def test_two_seals_use_two_one_time_keys() -> None:
     assert bytes(framer.seal(_bucket())[1]) != bytes(framer.seal(_bucket())[1])
 
 
-@pytest.mark.parametrize("where", ["bulk", "flag", "secret"])
+@pytest.mark.parametrize("where", ["bulk", "flag", "stamp", "secret"])
 def test_tampering_is_rejected(where: str) -> None:
     frames = [bytearray(f) for f in Framer(Signer(SECRET), TransferReply, bulk_mac="poly1305").seal(_bucket())]
     secret = SECRET
     if where == "bulk":
         frames[3][100] ^= 1
     elif where == "flag":
-        frames[0][-1] = SIGNED
+        frames[0][FLAGS_AT] = SIGNED
+    elif where == "stamp":  # the sequence number, covered by the MAC like the rest of the envelope
+        frames[0][FLAGS_AT + 1 + 16 + 7] ^= 1
     else:
         secret = b"another-secret-0123456789abcdef"
     with pytest.raises(ProtocolError) as info:
