@@ -3,7 +3,8 @@
 ``[envelope, mac, header, *buffers]``: ``envelope`` is ``b"ROSE"`` + protocol version (u16, big-endian)
 + flags (u8), then the sender's stamp: its session (16 random bytes per sealing ``Framer``), a sequence number
 (u64, +1 per message that ``Framer`` seals) and the time it sealed the message (f64, Unix seconds), which the
-receiver's ``rose_core.replay_guard`` checks so a captured message cannot be played again; ``mac`` is HMAC-SHA256 over envelope, header and buffers (flag ``SIGNED``), or, for
+receiver's ``rose_core.replay_guard`` checks so a captured message cannot be played again; ``mac`` is
+HMAC-SHA256 over envelope, header and buffers (flag ``SIGNED``), or, for
 messages with bulk buffers sealed by a ``Framer(bulk_mac="poly1305")``, a one-time-key Poly1305 tag
 (flag ``SIGNED_POLY1305``, see ``rose_core.auth``). Every ``Framer`` opens both; the flag is inside
 what is signed, so it cannot be flipped. An unsigned error notice
@@ -22,7 +23,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import msgspec
 
@@ -41,6 +42,11 @@ SIGNED_POLY1305 = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 UNSIGNED_REF = "unsigned"
 """The ``ref`` of every unsigned notice a ``Framer`` opens (set by the receiver): display it, never act on it."""
+
+
+def is_unsigned_notice(msg: Any) -> TypeGuard[ErrorReport]:
+    """Whether ``msg`` is an unsigned notice a ``Framer`` opened: anyone can forge one, so never act on it."""
+    return isinstance(msg, ErrorReport) and msg.ref == UNSIGNED_REF
 
 
 class Stamp(NamedTuple):

@@ -54,7 +54,7 @@ from rose_core.messages import (
     WeightAnnounce,
     Welcome,
 )
-from rose_core.wire import UNSIGNED_REF
+from rose_core.wire import is_unsigned_notice
 from rose_executor import __version__
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.co_serving.colocated_profile import load_or_profile_colocated
@@ -194,7 +194,7 @@ class ExecutorAgent:
             msg = await link.recv(timeout=left)
             if isinstance(msg, Welcome):
                 return msg
-            if isinstance(msg, ErrorReport) and msg.ref == UNSIGNED_REF:
+            if is_unsigned_notice(msg):
                 notice = msg  # anyone can send one: shown (and in the error at the timeout), never acted on
                 log.warning("unsigned notice (cannot be verified) from %s: %s: %s", self.options.controller,
                             msg.code, msg.message)
@@ -380,9 +380,9 @@ class ExecutorAgent:
                 assert_never(msg)
 
     def _on_error_report(self, msg: ErrorReport) -> None:
-        log.warning("controller reports %s%s: %s", msg.code, " (unsigned)" if msg.ref == UNSIGNED_REF else "",
+        log.warning("controller reports %s%s: %s", msg.code, " (unsigned)" if is_unsigned_notice(msg) else "",
                     msg.message)
-        if msg.code in REJOIN_CODES and msg.ref != UNSIGNED_REF:  # an unsigned notice is shown, never acted on
+        if msg.code in REJOIN_CODES and not is_unsigned_notice(msg):  # shown, never acted on
             self._rejoin(msg.code)
 
     def _rejoin(self, why: str) -> None:

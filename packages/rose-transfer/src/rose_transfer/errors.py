@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rose_core.errors import RoseError
-from rose_core.messages import ErrorReport
-from rose_core.wire import UNSIGNED_REF
+from rose_core.wire import is_unsigned_notice
 
 
 class TransferError(RoseError):
@@ -25,5 +24,5 @@ class UntrustedNotice(ConnectionError):
 
 def refuse_unsigned(reply: Any, source: str) -> None:
     """Raise ``UntrustedNotice`` if ``reply`` is an unsigned notice (``Framer`` marks every one it opens)."""
-    if isinstance(reply, ErrorReport) and reply.ref == UNSIGNED_REF:
+    if is_unsigned_notice(reply):
         raise UntrustedNotice(f"{source} sent an unsigned notice ({reply.code}: {reply.message}); not trusted")

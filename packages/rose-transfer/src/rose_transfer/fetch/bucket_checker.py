@@ -13,7 +13,7 @@ from rose_core.auth import Signer
 from rose_core.errors import MissingExtraError, ProtocolError
 from rose_core.messages import BucketData, BucketInfo, ErrorReport, TransferReply
 from rose_core.metrics import REJECTED_MESSAGES
-from rose_core.wire import UNSIGNED_REF, Framer
+from rose_core.wire import Framer, is_unsigned_notice
 from rose_transfer.codec.bucket_codec import DENSE, CodecError, decode_bucket
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch.held_bases import BaseFile
@@ -78,7 +78,7 @@ def open_bucket_reply(framer: Framer, frames: list[Any], version: int, info: Buc
     except ProtocolError as exc:
         REJECTED_MESSAGES.labels(exc.reason).inc()
         raise BucketCorrupt(f"reply rejected, {exc.reason}") from None
-    if isinstance(reply, ErrorReport) and reply.ref == UNSIGNED_REF:  # anyone can forge one: pull it again
+    if is_unsigned_notice(reply):  # anyone can forge one: pull the bucket again
         raise BucketCorrupt(f"an unsigned notice ({reply.code}) in place of bucket {info.index}: not trusted")
     if isinstance(reply, ErrorReport):
         raise TransferError(f"the weight publisher refused bucket {info.index}: {reply.message}")
