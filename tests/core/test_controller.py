@@ -15,6 +15,7 @@ from rose_core.auth import observer_key
 from rose_core.config import ControllerConfig, RunConfig, SchedulerConfig
 from rose_core.control_endpoint import ClientCallback
 from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
+from rose_core.controller.controller_metrics import STATUS_SKIPPED
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.scheduler import TurnTicket
@@ -179,6 +180,54 @@ def test_observer_receives_status_snapshots(controller: Controller) -> None:
         recv_type(tui, m.Welcome)
         snap = recv_type(tui, m.StatusSnapshot)
         assert [e.executor_id for e in snap.executors] == ["d1"]
+
+
+def drain(client: InProcessClient, kind: type[MsgT]) -> list[MsgT]:
+    """Every ``kind`` already delivered to ``client`` (others are dropped)."""
+    out = []
+    while (got := client.recv(0)) is not None:
+        if isinstance(got[1], kind):
+            out.append(got[1])
+    return out
+
+
+def test_a_dashboard_that_stops_reading_holds_at_most_the_credit_and_then_gets_the_newest(
+    controller: Controller, clock: FakeClock,
+) -> None:
+    """Status is coalesced: an observer that does not acknowledge what it was sent (stopped, slow) is sent no
+    more than ``STATUS_CREDIT`` snapshots however often the controller publishes, each skipped one counted;
+    its next ack brings the newest snapshot, not a backlog."""
+    skipped = STATUS_SKIPPED._value.get()
+    with join(controller, "d1"), InProcessClient(controller.address, SECRET, "tui") as tui:
+        tui.send(m.Hello(peer_id="tui", kind="observer"))
+        controller.pump(0)
+        for _ in range(50):  # 50 status intervals while the dashboard reads nothing
+            clock.now += controller.config.controller.status_interval_s
+            controller.pump(0)
+        held = drain(tui, m.StatusSnapshot)
+        assert len(held) == m.STATUS_CREDIT
+        assert STATUS_SKIPPED._value.get() - skipped == 51 - m.STATUS_CREDIT  # the Hello's snapshot, then 50
+        tui.send(m.StatusAck(snapshot_time=held[0].time))
+        controller.pump(0)
+        clock.now += controller.config.controller.status_interval_s
+        controller.pump(0)
+        (newest,) = drain(tui, m.StatusSnapshot)
+        assert newest.time > held[-1].time  # the newest, one of it
+        for snap in (held[1], newest):  # a dashboard that keeps up gets one every interval
+            tui.send(m.StatusAck(snapshot_time=snap.time))
+        for _ in range(3):
+            clock.now += controller.config.controller.status_interval_s
+            controller.pump(0)
+            (snap,) = drain(tui, m.StatusSnapshot)
+            tui.send(m.StatusAck(snapshot_time=snap.time))
+
+
+def test_only_an_observer_may_acknowledge_status(controller: Controller) -> None:
+    before = REJECTED_MESSAGES.labels("wrong_role")._value.get()
+    with join(controller, "d1") as d1:
+        d1.send(m.StatusAck(snapshot_time=1.0))
+        controller.pump(0)
+    assert REJECTED_MESSAGES.labels("wrong_role")._value.get() == before + 1
 
 
 def forged_by_a_dashboard() -> list[m.ToController]:

@@ -97,6 +97,10 @@ class LiveRun:
                 return found
         raise AssertionError(f"no {what} within {timeout_s:.0f} s: {self.tail()}")
 
+    def stderr_lines(self) -> list[str]:
+        """The run's log (its stderr, ``rose -v``) read so far."""
+        return list(self._stderr)
+
     def log_has(self, pattern: str) -> bool:
         """Whether the run's log (its stderr, ``rose -v``) has a line matching ``pattern`` by now."""
         return re.search(pattern, "".join(self._stderr)) is not None

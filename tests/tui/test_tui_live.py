@@ -47,6 +47,9 @@ async def test_live_then_unreachable_then_back(controller: TuiController, secret
         assert link_text(app) == "● live"
         assert controller.hellos[0].kind == "observer"
         assert controller.hellos[0].peer_id.startswith("tui-")
+        # every snapshot handed to the app is acknowledged (the controller's credit: rose_core STATUS_CREDIT)
+        await wait_for(pilot, lambda: len(controller.acks) >= 3)
+        assert all(ack.snapshot_time > 0 for ack in controller.acks)
 
         controller.pause()
         await wait_for(pilot, lambda: "unreachable" in link_text(app))

@@ -19,6 +19,7 @@ from rose_core.messages import (
     Goodbye,
     Hello,
     LoadReport,
+    StatusAck,
     StatusSnapshot,
     StepStatus,
     Welcome,
@@ -145,6 +146,7 @@ class TuiController:
         self.observers: set[bytes] = set()
         self.hellos: list[Hello] = []
         self.goodbyes: list[Goodbye] = []
+        self.acks: list[StatusAck] = []
         self.sent = 0
         self.sending = threading.Event()
         self.sending.set()
@@ -191,6 +193,8 @@ class TuiController:
             self.hellos.append(msg)
             self.observers.add(peer)
             self.server.send(peer, Welcome(controller_id="ctl-test"))
+        elif isinstance(msg, StatusAck):
+            self.acks.append(msg)
         elif isinstance(msg, Goodbye):
             self.goodbyes.append(msg)
             self.observers.discard(peer)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import msgspec
 
-from rose_core.messages import FromController, Goodbye, Hello, ToController
+from rose_core.messages import FromController, Goodbye, Hello, StatusAck, ToController
 
 ServerCallback = Callable[[bytes, ToController], None]
 """Called with ``(peer routing id, message)`` for every accepted message, instead of queueing it for ``recv``."""
@@ -48,5 +48,6 @@ class ClientEndpoint(Protocol):
 
 
 def observer_may_send(msg: object) -> bool:
-    """What a peer holding only the observer key may send a controller: say Hello as an observer, and Goodbye."""
-    return isinstance(msg, Goodbye) or (isinstance(msg, Hello) and msg.kind == "observer")
+    """What a peer holding only the observer key may send a controller: say Hello as an observer, acknowledge
+    the status it was sent, and Goodbye."""
+    return isinstance(msg, Goodbye | StatusAck) or (isinstance(msg, Hello) and msg.kind == "observer")

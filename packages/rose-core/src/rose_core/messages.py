@@ -16,7 +16,7 @@ from typing import Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 Role = Literal["dedicated", "serving"]
 PeerKind = Literal["executor", "observer", "weights"]
@@ -408,9 +408,23 @@ class StatusSnapshot(_Msg, tag="status"):
     weight_sync_wait_seconds: float = 0.0
 
 
+class StatusAck(_Msg, tag="status_ack"):
+    """An observer handled the ``StatusSnapshot`` of this ``time``. The controller sends an observer a snapshot
+    only while fewer than ``STATUS_CREDIT`` are unacknowledged, so a slow or stopped dashboard holds at most
+    that many and gets the newest when it acks again: status is coalesced, the newest snapshot wins."""
+
+    snapshot_time: float
+
+
+STATUS_CREDIT = 2
+"""Snapshots an observer may hold unacknowledged (one on the wire while it renders the other)."""
+
+
 # ---------------------------------------------------------------- channel unions
 
-ToController = Union[Hello, Register, Heartbeat, TurnResult, TurnAborted, WeightApplied, ErrorReport, Goodbye]
+ToController = Union[
+    Hello, Register, Heartbeat, TurnResult, TurnAborted, WeightApplied, ErrorReport, Goodbye, StatusAck
+]
 FromController = Union[
     Welcome, TurnRequest, CancelTurn, WeightAnnounce, StepStarted, StatusSnapshot, Shutdown, ErrorReport
 ]
@@ -422,6 +436,7 @@ AnyMessage = Union[ToController, FromController, TransferRequest, TransferReply,
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "STATUS_CREDIT",
     "AnyMessage",
     "BucketData",
     "BucketInfo",
@@ -446,6 +461,7 @@ __all__ = [
     "ShardPart",
     "ShardView",
     "Shutdown",
+    "StatusAck",
     "StatusSnapshot",
     "StepStarted",
     "StepStatus",

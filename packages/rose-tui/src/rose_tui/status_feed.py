@@ -1,5 +1,7 @@
-"""The dashboard's session with the controller: ``Hello`` as an observer, then ``StatusSnapshot``s, then
-``Goodbye``. No Textual here: the app polls ``recv`` from a worker thread."""
+"""The dashboard's session with the controller: ``Hello`` as an observer, then ``StatusSnapshot``s, each
+acknowledged (``StatusAck``) as it is handed to the app, then ``Goodbye``. No Textual here: the app polls
+``recv`` from a worker thread, so a dashboard that falls behind acks late and the controller sends it fewer,
+newer snapshots (``rose_core.messages.STATUS_CREDIT``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 from typing import TypeAlias
 
 from rose_core.channel import ControlClient
-from rose_core.messages import ErrorReport, Goodbye, Hello, StatusSnapshot, Welcome
+from rose_core.messages import ErrorReport, Goodbye, Hello, StatusAck, StatusSnapshot, Welcome
 from rose_tui import __version__
 
 FeedMessage: TypeAlias = Welcome | StatusSnapshot | ErrorReport
@@ -42,6 +44,8 @@ class StatusFeed:
             if got is None:
                 return None
             msg = got[1]
+            if isinstance(msg, StatusSnapshot):
+                self._client.send(StatusAck(snapshot_time=msg.time))
             if isinstance(msg, Welcome | StatusSnapshot | ErrorReport):
                 return msg
         return None

@@ -24,6 +24,7 @@ from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.controller.weight_sync import ExecutorSync, SyncBreakdown
 from rose_core.messages import (
     PROTOCOL_VERSION,
+    STATUS_CREDIT,
     CancelTurn,
     ErrorReport,
     ExecutorStatus,
@@ -34,6 +35,7 @@ from rose_core.messages import (
     Register,
     SamplingParams,
     Shutdown,
+    StatusAck,
     StatusSnapshot,
     StepStatus,
     ToController,
@@ -117,7 +119,8 @@ class Controller:
         """executor id -> the relay its cluster pulls weights through (``[[clusters]]``)."""
         self.finished = False
         self._peers: dict[bytes, str] = {}
-        self._observers: set[bytes] = set()
+        self._observers: dict[bytes, int] = {}
+        """Each observer's snapshots sent and not yet acknowledged (``StatusAck``), at most ``STATUS_CREDIT``."""
         self._next_status = 0.0
         self.started_at = time.time()
         cc = config.controller
@@ -314,7 +317,11 @@ class Controller:
         if not self._observers:
             return
         snap = self.snapshot(now)
-        for peer in list(self._observers):
+        for peer, unacked in list(self._observers.items()):
+            if unacked >= STATUS_CREDIT:  # behind (or stopped): it gets the newest snapshot once it acks
+                metrics.STATUS_SKIPPED.inc()
+                continue
+            self._observers[peer] = unacked + 1
             self.server.send(peer, snap)
 
     # ---------------------------------------------------------------- message handling
@@ -346,6 +353,8 @@ class Controller:
                 self._on_weight_applied(peer, msg)
             case Goodbye():
                 self._on_goodbye(peer, msg)
+            case StatusAck():
+                self._on_status_ack(peer)
             case _:
                 unhandled: Never = msg
                 log.warning("ignored %s from %r: not for the controller", type(unhandled).__name__, peer)
@@ -356,6 +365,8 @@ class Controller:
         if isinstance(msg, Goodbye):
             rec = self.executors.get(msg.peer_id)
             return self._allowed(rec is None or rec.peer == peer, "not_owner", peer, msg)
+        if isinstance(msg, StatusAck):
+            return self._allowed(peer in self._observers, "wrong_role", peer, msg)
         if self._peers.get(peer) != "executor":
             return self._allowed(False, "wrong_role", peer, msg)
         rec = self.executors.get(getattr(msg, "executor_id", ""))
@@ -377,7 +388,7 @@ class Controller:
             return
         self._peers[peer] = msg.kind
         if msg.kind == "observer":
-            self._observers.add(peer)
+            self._observers[peer] = 0  # a Hello again (a restarted dashboard with the same id): credit renewed
         cc = self.config.controller
         self.server.send(peer, Welcome(controller_id=self.controller_id, heartbeat_interval_s=cc.heartbeat_interval_s,
                                        stall_timeout_s=cc.stall_timeout_s))
@@ -469,9 +480,12 @@ class Controller:
         else:
             log.error("executor %s failed to apply version %d: %s", msg.executor_id, msg.version, msg.error)
 
+    def _on_status_ack(self, peer: bytes) -> None:
+        self._observers[peer] = max(0, self._observers[peer] - 1)
+
     def _on_goodbye(self, peer: bytes, msg: Goodbye) -> None:
         self._peers.pop(peer, None)
-        self._observers.discard(peer)
+        self._observers.pop(peer, None)
         rec = self.executors.pop(msg.peer_id, None)
         if rec is not None:
             moved = self.scheduler.remove_worker(self.clock(), msg.peer_id, "gone")

@@ -7,6 +7,10 @@ from prometheus_client import Counter, Gauge, Histogram
 TURNS_ROUTED = Counter("rose_turns_routed_total", "Turns sent to an executor, by routing reason.", ["reason"])
 TURNS_COMPLETED = Counter("rose_turns_completed_total", "Turn results accepted, by executor role.", ["role"])
 TURNS_REROUTED = Counter("rose_turns_rerouted_total", "Turns re-routed after an abort, stall or exit.", ["reason"])
+STATUS_SKIPPED = Counter(
+    "rose_status_skipped_total",
+    "Status snapshots not sent to an observer that still held STATUS_CREDIT unacknowledged ones (it gets a newer one).",
+)
 LATE_RESULTS = Counter("rose_late_results_total", "Results of re-routed or finished turns, discarded.")
 EXECUTORS = Gauge("rose_executors", "Registered executors, by role and state.", ["role", "state"])
 QUEUED_TURNS = Gauge("rose_turns_queued", "Turns waiting for a worker.")

@@ -103,6 +103,9 @@ class StepReport:
     tis_truncated_fraction, approx_kl, kl_ref, grad_norm, tokens, samples."""
     dropped_groups: int = 0
     """Groups dropped by dynamic sampling (every reward equal: no gradient) and refilled."""
+    groups: int = 0
+    """Training groups rolled out: ``rl.prompts_per_step`` plus dynamic sampling's refills, so ``trajectories``
+    is ``groups * rl.group_size`` when every one finished (each counted once)."""
     max_staleness: int = 0
     """The largest (trained version - sampling version) over the trained turns (<= scheduler.staleness)."""
     overlap_seconds: float = 0.0
@@ -443,7 +446,7 @@ class RLJob:
             published_version=self.version, prefix_hit_ratio=self._prefix_hit_ratio(),
             success_rate=_share(t.success for t in trajectories),
             eval_success=_share(t.success for t in evals) if rollout.evals else None,
-            dropped_groups=rollout.dropped,
+            dropped_groups=rollout.dropped, groups=rollout.groups,
         )
 
     def _prefix_hit_ratio(self) -> dict[str, float]:
