@@ -120,7 +120,7 @@ def test_clusters_place_executors_and_default_to_a_started_tcp_relay() -> None:
         (b'[[clusters]]\nname = "x"\nexecutors = ["serving-7"]\n', "this job runs ['dedicated-0', 'serving-0']"),
         (b'[[clusters]]\nname = "x"\nexecutors = []\n', "lists no `executors`"),
         (b'[[clusters]]\nexecutors = ["serving-0"]\n', "needs a `name`"),
-        (b'[[clusters]]\nname = "x"\nexecutors = ["serving-0"]\nrelay = "udp://h:1"\n', "tcp:// / ucx://"),
+        (b'[[clusters]]\nname = "x"\nexecutors = ["serving-0"]\nrelay = "udp://h:1"\n', "tcp:// / tls:// / ucx://"),
         (b'[[clusters]]\nname = "x"\nexecutors = ["serving-0"]\ntransport = "rdma"\n', "['tcp', 'ucx']"),
         (CLUSTERS + b'[[clusters]]\nname = "again"\nexecutors = ["serving-0"]\n', "in clusters 'far' and 'again'"),
         (CLUSTERS.replace(b'"far"', b'"near"'), "cluster names repeat"),

@@ -1,5 +1,7 @@
 """`rose run` at an RL learning rate with two clusters in config: the remote one pulls every version through a
-relay over UCX. Real vLLM CPU engines, a real relay, real UCX, real trainer."""
+relay over UCX, and the weight links are encrypted (`weights_tls`: the publisher and the relay's upstream link
+are TLS; the trainer-side executor pulls over TLS). Real vLLM CPU engines, a real relay, real UCX, real TLS,
+real trainer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ STEPS = 3
 CONFIG = """
 models_dir = "{work}/models"
 run_dir = "{work}/run"
+
+[controller]
+weights_tls = true
 
 [rl]
 lr = 1e-6
@@ -38,6 +43,7 @@ def test_the_run_finishes_ok_with_every_turn_on_its_version(run_report: dict) ->
     assert run_report["ok"], f"{run_report['error']}\n{run_report['_stderr'][-3000:]}\n{run_report['_logs']}"
     assert run_report["version_mismatches"] == 0
     assert "cluster remote: serving-0 pull weights through ucx://" in run_report["_stdout"]
+    assert " weights tls://" in run_report["_stdout"]  # the publisher serves TLS only: every pull was encrypted
 
 
 def test_every_engine_holds_the_trainers_weights_every_step(run_report: dict) -> None:

@@ -28,9 +28,13 @@ def secret(tmp_path: Path) -> Path:
     return path
 
 
-async def test_it_relays_versions_reports_what_crossed_and_stops_on_sigterm(secret: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["tcp", "tls"])
+async def test_it_relays_versions_reports_what_crossed_and_stops_on_sigterm(
+    secret: Path, tmp_path: Path, scheme: str
+) -> None:
+    """With a ``tls://`` upstream (``[controller] weights_tls``) the relay serves TLS too."""
     port = free_port()
-    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=port) as publisher:
+    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=port, tls=scheme == "tls") as publisher:
         relay = subprocess.Popen(relay_command(secret, "--upstream", publisher.source, "--progress-every", "0.1",
                                                "--json"), stdout=subprocess.PIPE, text=True)
         try:
@@ -45,7 +49,7 @@ async def test_it_relays_versions_reports_what_crossed_and_stops_on_sigterm(secr
             if relay.poll() is None:
                 relay.kill()
     assert (started["event"], started["upstream"]) == ("started", publisher.source)
-    assert started["source"].startswith("tcp://127.0.0.1:")
+    assert started["source"].startswith(f"{scheme}://127.0.0.1:")
     assert_same(load_arrays(fetched), tensors)
     assert progress["event"] == "progress" and progress["upstream_bytes"] > 0
     assert relay.returncode == 0
@@ -71,7 +75,7 @@ def test_it_says_what_it_relays_in_words(secret: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--upstream", "ucx://10.0.0.1:7000"], "--upstream is the publisher's tcp://host:port, not 'ucx://10.0.0.1:7000'"),
+        (["--upstream", "ucx://10.0.0.1:7000"], "--upstream is the publisher's tcp://host:port (or tls://host:port), not 'ucx://10.0.0.1:7000'"),
         (["--upstream", "tcp://127.0.0.1:1", "--secret-file", "/nonexistent/secret"], "/nonexistent/secret"),
     ],
 )

@@ -57,6 +57,10 @@ class ControllerConfig(ConfigSection):
     weights_port: int = 0
     """The weight publisher's port; 0 picks a free one. Fix it when a `rose-transfer relay` in another cluster
     pulls from the publisher (its ``--upstream tcp://<host>:<weights_port>``)."""
+    weights_tls: bool = False
+    """Encrypt the weight links (TLS 1.3, the server key derived from the secret, no certificate files): the
+    publisher serves ``tls://``, every relay of it too, and receivers pin the key (docs/security.md). A
+    `rose-transfer relay` then takes ``--upstream tls://<host>:<weights_port>``. UCX links stay unencrypted."""
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 2.0
     status_interval_s: float = 0.5
@@ -354,7 +358,8 @@ class ClusterConfig(ConfigSection):
     """Executors that sit behind one link from the trainer's cluster (weights cross it once per version).
 
     ``relay``: ``"start"`` (`rose run` starts a relay for this cluster and its executors pull through it),
-    a ``tcp://host:port`` or ``ucx://host:port`` relay already running there (`rose-transfer relay`), or
+    a ``tcp://host:port``, ``tls://host:port`` or ``ucx://host:port`` relay already running there
+    (`rose-transfer relay`), or
     ``"none"``. ``transport``: how this cluster's executors reach a started relay (``tcp`` or ``ucx``).
     Executors in no cluster sit with the trainer and pull from the publisher directly."""
 
@@ -368,8 +373,10 @@ class ClusterConfig(ConfigSection):
             raise ValueError("every cluster needs a `name`")
         if not self.executors:
             raise ValueError(f"cluster {self.name!r} lists no `executors` (ids such as \"serving-0\")")
-        if self.relay not in (RELAY_START, RELAY_NONE) and not self.relay.startswith(("tcp://", "ucx://")):
-            raise ValueError(f"cluster {self.name!r}: `relay` is \"start\", \"none\" or a tcp:// / ucx:// address")
+        if self.relay not in (RELAY_START, RELAY_NONE) and not self.relay.startswith(("tcp://", "tls://", "ucx://")):
+            raise ValueError(
+                f"cluster {self.name!r}: `relay` is \"start\", \"none\" or a tcp:// / tls:// / ucx:// address"
+            )
         if self.transport not in TRANSPORTS:
             raise ValueError(f"cluster {self.name!r}: `transport` is one of {list(TRANSPORTS)}")
 

@@ -46,6 +46,7 @@ class ProtocolError(Exception):
         "wrong_role",
         "replay",
         "over_capacity",
+        "needs_tls",
     )
 
     def __init__(self, reason: str, message: str) -> None:

@@ -47,7 +47,7 @@ class WeightPublisher(Protocol):
     """Serves weight versions to receivers that pull them."""
 
     source: str
-    """Where receivers and relays reach it (``tcp://host:port``)."""
+    """Where receivers and relays reach it (``tcp://host:port``, or ``tls://host:port``)."""
 
     def start_relay(self, relay_id: str, *, transport: str = "tcp") -> WeightRelay:
         """Start a relay of this publisher (receivers reach it over ``transport``: ``tcp`` or ``ucx``)."""
@@ -71,14 +71,15 @@ class WeightPublisher(Protocol):
 
 
 class PublisherFactory(Protocol):
-    def __call__(self, *, secret: bytes, host: str, port: int) -> WeightPublisher: ...
+    def __call__(self, *, secret: bytes, host: str, port: int, tls: bool = False) -> WeightPublisher: ...
 
 
-def load_publisher(name: str, *, secret: bytes, host: str, port: int) -> WeightPublisher:
+def load_publisher(name: str, *, secret: bytes, host: str, port: int, tls: bool = False) -> WeightPublisher:
+    """The publisher registered as ``name``; ``tls``: it (and its relays) serve TLS (``tls://`` sources)."""
     found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if not found:
         raise MissingExtraError("rose-transfer (the weight data plane)", "rose-transfer")
     if name not in found:
         raise RoseError(f"unknown weight publisher {name!r}: choose one of {sorted(found)}")
     factory: PublisherFactory = found[name].load()
-    return factory(secret=secret, host=host, port=port)
+    return factory(secret=secret, host=host, port=port, tls=tls)

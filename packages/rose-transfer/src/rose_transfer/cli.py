@@ -33,13 +33,16 @@ def main(verbose: int) -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
-def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, secret_file: str | None) -> None:
+@click.option("--tls", is_flag=True, help="Serve tls://HOST:PORT (TLS 1.3, the key derived from the secret).")
+def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, secret_file: str | None,
+          tls: bool) -> None:
     """Serve the arrays of a .npz file as one weight version until interrupted."""
     from rose_transfer.serve.publisher import DensePublisher
 
     with np.load(weights) as npz:
         tensors = {name: npz[name] for name in npz.files}
-    with DensePublisher(secret=load_secret(secret_file), host=host, port=port, bucket_bytes=bucket_mb * MIB) as pub:
+    with DensePublisher(secret=load_secret(secret_file), host=host, port=port, bucket_bytes=bucket_mb * MIB,
+                        tls=tls) as pub:
         announce = pub.publish(version, 0, tensors)
         click.echo(f"serving version {version} ({announce.total_bytes} bytes) at {announce.source}")
         click.echo(f"digest {announce.manifest_digest}")
@@ -51,7 +54,9 @@ def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, sec
 
 
 @main.command()
-@click.option("--upstream", required=True, help="The publisher: tcp://HOST:PORT (`rose run`'s [controller] weights_port).")
+@click.option("--upstream", required=True,
+              help="The publisher: tcp://HOST:PORT (`rose run`'s [controller] weights_port), or tls://HOST:PORT when it "
+                   "encrypts ([controller] weights_tls; the relay then serves TLS too).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the cluster's receivers reach.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--transport", type=click.Choice(["tcp", "ucx"]), default="tcp", show_default=True,
@@ -80,7 +85,7 @@ def relay(upstream: str, host: str, port: int, transport: str, ucx_port: int, re
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def fetch(source: str, version: int, dest: Path, digest: str, secret_file: str | None, as_json: bool) -> None:
-    """Fetch weight VERSION from SOURCE (tcp://HOST:PORT) into the file DEST."""
+    """Fetch weight VERSION from SOURCE (tcp://HOST:PORT or tls://HOST:PORT) into the file DEST."""
     from rose_transfer.fetch.fetcher import WeightFetcher
 
     announce = WeightAnnounce(version=version, step=0, source=source, manifest_digest=digest)

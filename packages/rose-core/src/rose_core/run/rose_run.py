@@ -145,7 +145,7 @@ class Launch:
         self.controller = Controller(cfg, self.secret)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
         self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host,
-                                        port=cfg.controller.weights_port)
+                                        port=cfg.controller.weights_port, tls=cfg.controller.weights_tls)
         self.controller.relays = self._start_relays(self.publisher)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}  weights {self.publisher.source}")
         encrypt = " --encrypt" if cfg.controller.encrypt else ""

@@ -39,6 +39,7 @@ from rose_transfer.resident.resident_commit import commit
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.fetched_version import FetchedInMemory, FetchedVersion
 from rose_transfer.version.manifest import check_manifest
+from rose_transfer.wire.tls_link import UntrustedServer
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ class WeightFetcher:
                     continue
                 if failures > self.max_reconnects:
                     fix = ("if that is the publisher, its shared secret differs from this receiver's: use the "
-                           "controller's" if isinstance(exc, UntrustedNotice)
+                           "controller's" if isinstance(exc, UntrustedNotice | UntrustedServer)
                            else "check that the publisher runs and is reachable")
                     raise TransferError(
                         f"cannot fetch weight version {progress.version} from {progress.source} "

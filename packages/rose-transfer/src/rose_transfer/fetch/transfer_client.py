@@ -44,7 +44,7 @@ class TransferClient:
     @classmethod
     async def connect(cls, source: str, *, secret: bytes, receiver_id: str, timeout: float) -> TransferClient:
         """A client connected to ``source`` (``tcp://`` or ``ucx://``) that passed the handshake."""
-        conn = await open_connection(source, timeout)
+        conn = await open_connection(source, timeout, secret)
         try:
             client = cls(conn, Framer(Signer(secret), TransferReply), source, timeout)
             await client._handshake(receiver_id)

@@ -39,7 +39,8 @@ class DensePublisher:
 
     ``bulk_mac``: how bucket replies are signed: ``"poly1305"`` (default; a one-time-key Poly1305 tag,
     about 7x cheaper than HMAC) or ``"hmac-sha256"``. Receivers accept both; control messages are always
-    HMAC-SHA256. Neither encrypts: see docs/transfer.md, "Threat model". ``max_connections`` /
+    HMAC-SHA256. Neither encrypts; ``tls`` does: every TCP link (this publisher's, and its relays') is TLS 1.3
+    with the server key derived from the secret (``tls://`` sources; docs/transfer.md, "Threat model"). ``max_connections`` /
     ``max_unauthenticated``: connections open at once / of those, still before their handshake (more are closed
     as they arrive and counted as ``over_capacity``)."""
 
@@ -57,6 +58,7 @@ class DensePublisher:
         bulk_mac: str = POLY1305,
         max_connections: int = 1024,
         max_unauthenticated: int = 64,
+        tls: bool = False,
     ) -> None:
         if self.sparse and keep_versions < 2:
             raise ConfigError(
@@ -70,11 +72,13 @@ class DensePublisher:
         self._store = VersionStore(keep_versions, BufferPool())
         self._listener = bind_listener(host, port)
         self.port = int(self._listener.getsockname()[1])
-        self.source = format_source(advertised_host(host), self.port)
+        self.tls = tls
+        self.source = format_source(advertised_host(host), self.port, tls=tls)
         self._host = host
         server_id = publisher_id or f"weights@{self.source}"
         self._server = TransferServer(secret, self._store, server_id, sparse=self.sparse, bulk_mac=bulk_mac,
-                                      max_connections=max_connections, max_unauthenticated=max_unauthenticated)
+                                      max_connections=max_connections, max_unauthenticated=max_unauthenticated,
+                                      tls=tls)
         self._thread = LoopThread("rose-weight-publisher")
         self._serving = self._thread.submit(self._server.serve(self._listener))
         self._tcp_listeners: list[socket.socket] = []
@@ -171,7 +175,7 @@ class DensePublisher:
         listener = bind_listener(self._host, port)
         self._tcp_listeners.append(listener)
         self._thread.submit(self._server.serve(listener, gate))
-        return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
+        return format_source(advertised_host(self._host), int(listener.getsockname()[1]), tls=self.tls)
 
     def open_ucx(self, *, gate: SendGate | None = None) -> str:
         """Serve the same versions over UCX too (needs the ``[ucx]`` extra), its sends admitted by

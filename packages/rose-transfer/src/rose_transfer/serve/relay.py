@@ -22,7 +22,7 @@ from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.upstream_link import UpstreamLink
 from rose_transfer.serve.version_store import VersionStore
 from rose_transfer.wire.loop_thread import LoopThread
-from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source
+from rose_transfer.wire.tcp_address import advertised_host, bind_listener, format_source, is_tls
 from rose_transfer.wire.ucx_transport import ucx_listen
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ _KEEP_VERSIONS = 2
 
 
 class RelayServer(TransferServer):
-    def __init__(self, secret: bytes, upstream: UpstreamLink, server_id: str) -> None:
-        super().__init__(secret, VersionStore(), server_id)
+    def __init__(self, secret: bytes, upstream: UpstreamLink, server_id: str, *, tls: bool = False) -> None:
+        super().__init__(secret, VersionStore(), server_id, tls=tls)
         self.upstream = upstream
         self._cache: dict[tuple[Any, ...], asyncio.Future[list[Any]]] = {}
 
@@ -68,7 +68,8 @@ class RelayServer(TransferServer):
 
 
 class Relay:
-    """A relay on its own event-loop thread, serving at ``self.source``."""
+    """A relay on its own event-loop thread, serving at ``self.source``. ``tls``: serve TLS (``tls://``);
+    ``None``: as its upstream does (a relay of a ``tls://`` publisher keeps the weights encrypted)."""
 
     def __init__(
         self,
@@ -78,17 +79,19 @@ class Relay:
         host: str = "127.0.0.1",
         port: int = 0,
         relay_id: str = "",
+        tls: bool | None = None,
     ) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
+        self.tls = is_tls(upstream) if tls is None else tls
         self._listener = bind_listener(host, port)
         self._host = host
         self._ucx_listeners: list[Any] = []
-        self.source = format_source(advertised_host(host), int(self._listener.getsockname()[1]))
+        self.source = format_source(advertised_host(host), int(self._listener.getsockname()[1]), tls=self.tls)
         self.relay_id = relay_id or f"relay@{self.source}"
         self._thread = LoopThread(f"rose-relay-{self.source}")
         self._upstream = self._thread.submit(_make_link(secret, upstream, self.relay_id)).result()
-        self._server = RelayServer(secret, self._upstream, self.relay_id)
+        self._server = RelayServer(secret, self._upstream, self.relay_id, tls=self.tls)
         self._thread.submit(self._server.serve(self._listener))
         self._closed = False
         log.info("relaying %s at %s", upstream, self.source)

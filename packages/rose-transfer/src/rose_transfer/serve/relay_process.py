@@ -28,7 +28,8 @@ Say = Callable[[dict[str, Any]], None]
 @dataclass(frozen=True, slots=True)
 class RelaySettings:
     upstream: str
-    """The publisher (``tcp://host:port``: `rose run`'s ``[controller] weights_port``)."""
+    """The publisher (``tcp://host:port``: `rose run`'s ``[controller] weights_port``; ``tls://host:port`` when
+    it encrypts, ``[controller] weights_tls``: the relay then serves TLS too)."""
     host: str = "127.0.0.1"
     port: int = 0
     transport: str = "tcp"
@@ -38,8 +39,8 @@ class RelaySettings:
     progress_every_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.upstream.startswith("tcp://"):
-            raise ConfigError(f"--upstream is the publisher's tcp://host:port, not {self.upstream!r}")
+        if not self.upstream.startswith(("tcp://", "tls://")):
+            raise ConfigError(f"--upstream is the publisher's tcp://host:port (or tls://host:port), not {self.upstream!r}")
         if self.transport not in ("tcp", "ucx"):
             raise ConfigError(f"--transport is tcp or ucx, not {self.transport!r}")
 

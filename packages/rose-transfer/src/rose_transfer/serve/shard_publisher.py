@@ -71,7 +71,7 @@ class ShardPublisher:
 
     async def _publish(self, offer: ShardOffer, tensors: Mapping[str, Any]) -> WeightAnnounce:
         try:
-            conn = await open_connection(self.intake, self.timeout)
+            conn = await open_connection(self.intake, self.timeout, self._secret)
         except (OSError, TimeoutError) as exc:
             raise self._unreachable(offer.version, exc) from exc
         framer = Framer(Signer(self._secret), ShardIntakeReply, DEFAULT_MAX_MESSAGE_BYTES, bulk_mac=POLY1305)

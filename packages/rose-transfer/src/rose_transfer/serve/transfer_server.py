@@ -7,6 +7,9 @@ per version), so a receiver that keeps several requests in flight is never idle 
 rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
 
+With ``tls`` every TCP connection is TLS 1.3 (``wire.tls_link``: the server key derived from the secret,
+pinned by receivers); UCX connections are not encrypted.
+
 Connections are capped before anything is read from them: at most ``max_connections`` open and, of those,
 at most ``max_unauthenticated`` still before their handshake (each has ``handshake_timeout`` to send it). A
 connection over either cap is closed as it arrives and counted (``reason="over_capacity"``), so a peer
@@ -55,10 +58,11 @@ from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.sealer import Sealer
 from rose_transfer.wire.send_gate import SendGate
+from rose_transfer.wire.tls_link import TlsFrameSocket
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 64 * 1024
-_NOTIFIED_REASONS = ("unauthenticated", "wrong_version", "no_handshake")
+_NOTIFIED_REASONS = ("unauthenticated", "wrong_version", "no_handshake", "needs_tls")
 
 
 class TransferServer:
@@ -75,8 +79,10 @@ class TransferServer:
         bulk_mac: str = POLY1305,
         max_connections: int = 1024,
         max_unauthenticated: int = 64,
+        tls: bool = False,
     ) -> None:
         self._secret = secret
+        self.tls = tls
         self._max_connections = max_connections
         self._max_unauthenticated = max_unauthenticated
         self._open = 0
@@ -131,7 +137,10 @@ class TransferServer:
             await asyncio.gather(*handlers, return_exceptions=True)
 
     async def _handle(self, sock: socket.socket, peer: str, gate: SendGate | None = None) -> None:
-        await self.handle_connection(FrameSocket(sock, gate=gate), peer)
+        """A TCP connection; with ``tls``, its TLS handshake runs in the connection's handshake (same timeout,
+        same count of connections before their handshake)."""
+        conn = TlsFrameSocket.server(sock, self._secret, gate) if self.tls else FrameSocket(sock, gate=gate)
+        await self.handle_connection(conn, peer)
 
     async def handle_connection(self, conn: FrameConnection, peer: str) -> None:
         """Serve one accepted connection (a ``FrameSocket`` or a ``UcxFrameSocket``) until it ends."""

@@ -53,7 +53,7 @@ class UpstreamLink:
     async def _connection(self) -> FrameConnection:
         async with self._connecting:
             if self._conn is None:
-                conn = await open_connection(self.source, self._timeout)
+                conn = await open_connection(self.source, self._timeout, self._secret)
                 try:
                     await self._handshake(conn)
                 except BaseException:

@@ -22,6 +22,8 @@ MAX_FRAMES = 16
 _COUNT = struct.Struct(">I")
 _SMALL = 64 * 1024
 _READ_BUFFER = 256 * 1024
+_TLS_RECORDS = (0x15, 0x16)
+"""First bytes of a TLS alert or handshake record: 21 or 22, then version major 3 (a frame count never is)."""
 
 
 class ConnectionClosed(ConnectionError):
@@ -71,13 +73,17 @@ class FrameSocket:
     async def _sendall(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         if self.gate is None:
-            await self._loop.sock_sendall(self.sock, view)
+            await self._send_bytes(view)
         else:  # in pieces, each admitted by the gate
             for start in range(0, view.nbytes, GATE_CHUNK_BYTES):
                 piece = view[start : start + GATE_CHUNK_BYTES]
                 await self.gate.admit(piece.nbytes)
-                await self._loop.sock_sendall(self.sock, piece)
+                await self._send_bytes(piece)
         self.bytes_sent += view.nbytes
+
+    async def _send_bytes(self, view: memoryview) -> None:
+        """Put ``view`` on the stream (``TlsFrameSocket`` encrypts it first)."""
+        await self._loop.sock_sendall(self.sock, view)
 
     # ---------------------------------------------------------------- receive
 
@@ -105,7 +111,10 @@ class FrameSocket:
         return task.result()
 
     async def _recv(self, max_bytes: int, bulk_into: memoryview | None) -> list[Any]:
-        (count,) = _COUNT.unpack(await self._read_small(_COUNT.size))
+        head = await self._read_small(_COUNT.size)
+        (count,) = _COUNT.unpack(head)
+        if head[0] in _TLS_RECORDS and head[1] == 3:  # a TLS record (alert, handshake): this end is not TLS
+            raise ProtocolError("malformed", "the peer speaks TLS: dial it as tls://HOST:PORT")
         if not 0 < count <= MAX_FRAMES:
             raise ProtocolError("malformed", f"message announces {count} frames (at most {MAX_FRAMES})")
         lengths = struct.unpack(f">{count}Q", await self._read_small(8 * count))

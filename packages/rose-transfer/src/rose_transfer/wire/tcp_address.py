@@ -1,4 +1,5 @@
-"""``tcp://HOST:PORT`` sources: parsing, formatting, and the listening socket behind one."""
+"""``tcp://HOST:PORT`` sources (and ``tls://HOST:PORT``, the same over TLS: ``tls_link``): parsing,
+formatting, and the listening socket behind one."""
 
 from __future__ import annotations
 
@@ -8,22 +9,30 @@ from urllib.parse import urlsplit
 from rose_core.errors import RoseError
 
 SCHEME = "tcp"
+TLS_SCHEME = "tls"
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
-def format_source(host: str, port: int) -> str:
-    return f"{SCHEME}://[{host}]:{port}" if ":" in host else f"{SCHEME}://{host}:{port}"
+def format_source(host: str, port: int, *, tls: bool = False) -> str:
+    scheme = TLS_SCHEME if tls else SCHEME
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def is_tls(source: str) -> bool:
+    return source.startswith(f"{TLS_SCHEME}://")
 
 
 def parse_source(source: str) -> tuple[str, int]:
-    """``(host, port)`` of a ``tcp://HOST:PORT`` source."""
+    """``(host, port)`` of a ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` source."""
     try:
         parts = urlsplit(source)
         host, port = parts.hostname, parts.port
     except ValueError:
         host, port, parts = None, None, None
-    if parts is None or parts.scheme != SCHEME or not host or port is None:
-        raise RoseError(f"weight source {source!r} is not tcp://HOST:PORT: fix the publisher's advertised address")
+    if parts is None or parts.scheme not in (SCHEME, TLS_SCHEME) or not host or port is None:
+        raise RoseError(
+            f"weight source {source!r} is not tcp://HOST:PORT or tls://HOST:PORT: fix the publisher's advertised address"
+        )
     return host, port
 
 
