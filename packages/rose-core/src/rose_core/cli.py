@@ -49,6 +49,9 @@ def job_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option("--port", type=click.IntRange(0, 65535), help="Controller port (overrides controller.port)."),
         click.option("--env", help="The environment (overrides rl.env): frozenlake, a rose.environments plugin, or "
                                    "gateway (agents bring their turns; docs/gateway.md)."),
+        click.option("--ray", "ray_address", metavar="ADDRESS",
+                     help="Place the executors as actors of this Ray cluster (its head's HOST:PORT, or auto; "
+                          "overrides ray.address; docs/deploy.md)."),
         click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table."),
     ]
     for option in reversed(options):
@@ -66,6 +69,7 @@ class JobOptions:
     plot_path: str | None
     port: int | None
     env: str | None
+    ray_address: str | None
     as_json: bool
 
 
@@ -83,7 +87,8 @@ def run(secret_file: str | None, **options: Any) -> None:
 @job_options
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
 def controller(secret_file: str | None, **options: Any) -> None:
-    """Run the controller and trainer for executors started on their own hosts (a real fleet)."""
+    """Run the controller and trainer for executors started on their own hosts (a real fleet), or placed as
+    actors of a Ray cluster (`--ray`)."""
     _run_job(JobOptions(**options), spawn=False, secret_file=secret_file)
 
 
@@ -97,6 +102,8 @@ def _job_config(opts: JobOptions) -> RunConfig:
         config.controller.port = opts.port
     if opts.env is not None:
         config.rl.env = opts.env
+    if opts.ray_address is not None:
+        config.ray.address = opts.ray_address
     return config
 
 
@@ -107,6 +114,7 @@ def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
     from rose_core.run.run_report import format_table, step_row, sync_summary
 
     config = _job_config(opts)
+    spawn = spawn or bool(config.ray.address)  # `rose controller --ray`: it places the executors too
     if opts.plot_path:
         pyplot()  # before the run: a missing extra fails first, not after the last step
     as_json = opts.as_json

@@ -381,6 +381,31 @@ class ClusterConfig(ConfigSection):
             raise ValueError(f"cluster {self.name!r}: `transport` is one of {list(TRANSPORTS)}")
 
 
+class RayConfig(ConfigSection):
+    """`rose run --ray ADDRESS`: the executors as Ray actors of an existing Ray cluster, placed by resources
+    (docs/deploy.md). Control and weights still travel over ROSE's own channels; Ray places and supervises."""
+
+    address: str = ""
+    """The Ray cluster (``HOST:PORT`` of its head, or ``auto``); empty: executors are local processes."""
+    namespace: str = "rose"
+    serving_resource: str = "rose_serving_gpu"
+    """The custom resource the serving fleet's operator puts on serving nodes, one unit per GPU; a serving
+    executor takes one unit, so Ray's own accounting lets at most one RL job borrow each serving GPU."""
+    dedicated_cpus: float = 1.0
+    """CPUs a dedicated executor's actor asks for (the embedded case)."""
+    dedicated_gpus: float = 0.0
+    """GPUs a dedicated executor's actor asks for (a GPU cluster: 1, or the engine's tensor-parallel size)."""
+    placement_timeout_s: float = 120.0
+    """How long an executor may wait for its resources (another job holding every serving unit) before the
+    run stops with an error that names the resource and who holds it."""
+
+    def __post_init__(self) -> None:
+        require_non_negative(dedicated_cpus=self.dedicated_cpus, dedicated_gpus=self.dedicated_gpus)
+        require_positive(placement_timeout_s=self.placement_timeout_s)
+        if not self.serving_resource:
+            raise ValueError("`serving_resource` names the custom resource on serving nodes (e.g. rose_serving_gpu)")
+
+
 class RunConfig(ConfigSection):
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
@@ -390,6 +415,7 @@ class RunConfig(ConfigSection):
     executors: ExecutorsConfig = msgspec.field(default_factory=ExecutorsConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     gateway: GatewayConfig = msgspec.field(default_factory=GatewayConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
     weight_publisher: str = "sparse"
     """Weight data plane from the `rose.weight_publishers` entry points: `sparse` (patches against the receiver's version) or `dense`."""
     models_dir: str = ".rose/models"

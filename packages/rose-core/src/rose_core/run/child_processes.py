@@ -13,6 +13,10 @@ from typing import IO
 
 from rose_core.errors import RoseError
 
+PARENT_PID = "{actor-pid}"
+"""In an executor's argv for a Ray actor (``ray_executors``): replaced there by the actor's own pid (the
+executor's ``--parent-pid``: it stops when its actor is gone)."""
+
 
 @dataclass(slots=True)
 class Child:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
@@ -28,12 +28,15 @@ from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.errors import MissingExtraError, RoseError
 from rose_core.messages import StepStatus
 from rose_core.metrics import serve_metrics
-from rose_core.run.child_processes import ChildProcesses
+from rose_core.run.child_processes import PARENT_PID, ChildProcesses
 from rose_core.run.external_trainer import ExternalTrainer
 from rose_core.run.load_generator import LoadGenerator
 from rose_core.run.rl_job import RLJob, StepReport
 from rose_core.run.run_report import RunReport
 from rose_core.weights import WeightPublisher, WeightRelay, load_publisher
+
+if TYPE_CHECKING:
+    from rose_core.run.ray_executors import RayExecutors
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -129,7 +132,7 @@ class Launch:
             self.secret_path = Path(secret_file or os.environ.get(SECRET_FILE_ENV, "$ROSE_SECRET"))
         self.observer_path = self.run_dir / "observer.key"  # what a dashboard gets: it can watch, nothing else
         write_observer_key(self.observer_path, self.secret)
-        self.children = ChildProcesses(self.run_dir / "logs")
+        self.children = self._children()
         self.controller: Controller | None = None
         self.publisher: WeightPublisher | None = None
         self.relays: dict[str, WeightRelay] = {}
@@ -182,6 +185,14 @@ class Launch:
             raise RuntimeError("the controller is not started yet")
         return self.controller
 
+    def _children(self) -> ChildProcesses | RayExecutors:
+        """Local processes, or actors of the Ray cluster ``[ray] address`` names (`rose run --ray`)."""
+        if not self.config.ray.address:
+            return ChildProcesses(self.run_dir / "logs")
+        from rose_core.run.ray_executors import RayExecutors
+
+        return RayExecutors(self.config.ray, self.run_dir / "logs")
+
     def _start_executors(self, policy: Path, serving: Path) -> None:
         controller = self._control()
         ex = self.config.executors
@@ -191,9 +202,14 @@ class Launch:
             path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
             argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,
                     "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
-                    "--metrics-port", "0", "--log-level", executor_log_level(), "--parent-pid", str(os.getpid())]
-            self.children.start(f"executor-{role}-{i}", argv)
-        self.say(f"starting {len(roles)} executors (vLLM CPU engines; logs in {self.children.log_dir})")
+                    "--metrics-port", "0", "--log-level", executor_log_level(), "--parent-pid"]
+            if isinstance(self.children, ChildProcesses):
+                self.children.start(f"executor-{role}-{i}", [*argv, str(os.getpid())])
+            else:  # its config and the secret travel to the actor through Ray; it watches its actor's pid
+                files = {str(path): path.read_bytes(), str(self.secret_path): self.secret}
+                self.children.start(f"executor-{role}-{i}", [*argv, PARENT_PID], role=role, files=files)
+        where = f"Ray actors on {self.config.ray.address}" if self.config.ray.address else "vLLM CPU engines"
+        self.say(f"starting {len(roles)} executors ({where}; logs in {self.children.log_dir})")
         t0 = time.monotonic()
         controller.wait_for_executors(len(roles), ex.start_timeout_s, alive=self.children.check_alive)
         self.say(f"executors ready in {time.monotonic() - t0:.0f}s: " + ", ".join(
@@ -259,6 +275,8 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     if resume is not None:
         resume_point(resume, config.rl.steps)  # a bad path fails before anything starts
     require_extras(need_executor=spawn)
+    if config.ray.address and importlib.util.find_spec("ray") is None:
+        raise MissingExtraError("Ray (`--ray`: executors as Ray actors)", "rose-core[ray]")
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
     launch = Launch(config, say, secret_file, spawn)
     job: RLJob | None = None
