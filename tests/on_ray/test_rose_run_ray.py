@@ -20,8 +20,10 @@ import ray
 from integration.rose_run_support import LiveRun
 from rose_core.metrics import free_port
 
-STEPS = 14
+STEPS = 20
 SERVING_RESOURCE = "rose_serving_gpu"
+ROW = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s+\d+/(\d+)\s")
+"""A step's row in `rose run`'s table: the step, then (after version and trajectories) its serving turns."""
 CONFIG = """
 models_dir = "{models}"
 run_dir = "{work}/run"
@@ -59,6 +61,16 @@ def cluster() -> Iterator[str]:
         _ray_cli("stop", "--force")
 
 
+def _after_serving_turns(run: LiveRun) -> int:
+    """The next step (from now) whose row shows turns on the serving executor, with steps still to go after
+    it; the serving executor must have run turns before it is killed."""
+    for step in range(run.rows_so_far() + 1, STEPS - 1):
+        run.wait_for_row(step)
+        if any((m := ROW.match(line)) and int(m.group(1)) == step and int(m.group(2)) > 0 for line in run.stdout):
+            return step
+    raise AssertionError(f"the serving executor ran no turns by step {STEPS - 2}: {run.tail()}")
+
+
 def _kill_actor(address: str, name: str) -> None:
     ray.init(address=address, namespace="rose", log_to_driver=False)
     try:
@@ -76,7 +88,7 @@ def runs(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     (work / "first").mkdir()
     config = CONFIG.format(models=models, work=work / "first", placement=120, dedicated=1)
     with LiveRun(work / "first", config, STEPS, args=("--ray", cluster)) as first:
-        first.wait_for_row(1)
+        first.wait_for_line(r"executors ready in")  # its actors hold their resources from here on
         actor = re.search(r"executor-serving-0: Ray actor (\S+) asks for", "".join(first.stderr_lines()))
         assert actor, first.tail()
         second_dir = work / "second"
@@ -85,8 +97,7 @@ def runs(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
         second = subprocess.run(
             [sys.executable, "-m", "rose_core", "run", "--steps", "1", "--config", str(second_dir / "rose.toml"),
              "--ray", cluster], capture_output=True, text=True, timeout=300, check=False)
-        killed_in = first.rows_so_far() + 1
-        assert killed_in < STEPS, f"the first job ended before the second gave up: {first.tail()}"
+        killed_in = _after_serving_turns(first) + 1
         _kill_actor(cluster, actor.group(1))  # during step killed_in
         report = first.finish()
     return {"first": report, "second": second, "actor": actor.group(1), "killed_in": killed_in}
@@ -119,3 +130,15 @@ def test_a_killed_executor_actor_is_an_executor_gone_and_the_job_finishes(runs: 
     after = [s for s in report["steps"] if s["step"] > runs["killed_in"]]
     assert after and all(s["turns_serving"] == 0 for s in after)  # the rest of the job ran on dedicated-0
     assert report["lost_trajectories"] == 0
+
+
+def test_an_address_where_no_ray_cluster_runs_is_one_clear_error(tmp_path: Path) -> None:
+    """Ray's own connect would wait minutes for a head that is not there; `rose run` says so at once."""
+    (tmp_path / "rose.toml").write_text(f'run_dir = "{tmp_path}/run"\nmodels_dir = "{tmp_path}/models"\n')
+    address = f"127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "rose_core", "run", "--steps", "1", "--config",
+                           str(tmp_path / "rose.toml"), "--ray", address],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"no Ray cluster answers at {address}" in done.stderr
+    assert "ray start --head" in done.stderr

@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -123,6 +124,7 @@ class RayExecutors:
         self.job = secrets.token_hex(3)
         """This job's id in the actors' names (``rose-<job>-<executor>``): two jobs never clash."""
         self.children: list[RayChild] = []
+        _require_reachable(config.address)
         try:
             ray.init(address=config.address, namespace=config.namespace, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)
@@ -181,8 +183,10 @@ class RayExecutors:
     def stop_all(self, grace_s: float = 20.0) -> None:
         """Stop every executor (SIGTERM, then SIGKILL after ``grace_s``), then its actor; leave the cluster."""
         stops = [child.actor.stop.remote(grace_s) for child in self.children if child.placed or _done(child.ready)]
-        with contextlib.suppress(RayActorError, GetTimeoutError):
-            ray.get(stops, timeout=grace_s + 15)
+        deadline = time.monotonic() + grace_s + 15
+        for stop in stops:  # one by one: a dead actor's error must not cut short the others' grace
+            with contextlib.suppress(RayActorError, GetTimeoutError):
+                ray.get(stop, timeout=max(0.0, deadline - time.monotonic()))
         for child in self.children:
             with contextlib.suppress(RayActorError, ValueError):
                 ray.kill(child.actor)
@@ -198,6 +202,18 @@ class RayExecutors:
         return (f"{child.name} waited {self.config.placement_timeout_s:g} s for Ray resources ({wanted}) "
                 f"and none were free: each serving GPU lends itself to one RL job at a time{held}. Wait for that "
                 f"job to end, add {serving} to more nodes, or run fewer executors ([executors])")
+
+
+def _require_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` where nothing listens is one clear error now (``ray.init`` would wait minutes for it)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # ``auto`` and other forms: Ray resolves them
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RoseError(f"no Ray cluster answers at {address} ({exc}): start one there with "
+                        f"`ray start --head --port {port}`, or pass the head's HOST:PORT to --ray") from exc
 
 
 def _done(ref: Any) -> bool:
