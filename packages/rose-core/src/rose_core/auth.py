@@ -49,13 +49,18 @@ def load_secret(path: str | Path | None = None) -> bytes:
     return value
 
 
-def write_new_secret(path: Path) -> bytes:
-    """Create a random secret readable only by its owner."""
-    value = secrets.token_hex(32).encode()
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, created readable only by its owner (mode 0600 from the start, never wider)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(value)
+        f.write(data)
+
+
+def write_new_secret(path: Path) -> bytes:
+    """Create a random secret readable only by its owner."""
+    value = secrets.token_hex(32).encode()
+    write_private(path, value)
     return value
 
 
@@ -75,10 +80,7 @@ def as_observer(credential: bytes) -> bytes:
 
 def write_observer_key(path: Path, secret: bytes) -> None:
     """Write the observer key of ``secret`` to ``path`` (readable only by its owner): what a dashboard gets."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(OBSERVER_KEY_PREFIX + observer_key(secret))
+    write_private(path, OBSERVER_KEY_PREFIX + observer_key(secret))
 
 
 class Signer:

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from rose_core.auth import write_private
 from rose_core.config import RayConfig
 from rose_core.errors import RoseError
 from rose_core.run.child_processes import PARENT_PID
@@ -50,9 +51,7 @@ class ExecutorActor:
         local = {}
         for key, data in files.items():
             path = Path(self._dir, Path(key).name)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
+            write_private(path, data)
             local[key] = str(path)
         argv = [str(os.getpid()) if arg == PARENT_PID else local.get(arg, arg) for arg in argv]
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ import datetime
 import functools
 import hashlib
 import hmac
-import os
 import socket
 import ssl
 import tempfile
@@ -32,6 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
+from rose_core.auth import write_private
 from rose_core.errors import ProtocolError
 from rose_transfer.wire.frame_socket import ConnectionClosed, FrameSocket
 from rose_transfer.wire.send_gate import SendGate
@@ -77,10 +77,8 @@ def server_context(secret: bytes) -> ssl.SSLContext:
     with tempfile.TemporaryDirectory(prefix="rose-tls-") as private:  # mode 0700; ssl loads only from files
         cert_path, key_path = Path(private, "cert.pem"), Path(private, "key.pem")
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()))
+        write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
         context.load_cert_chain(cert_path, key_path)
     return context
 
