@@ -23,7 +23,7 @@ from control_frames import (
 from hypothesis import given, settings
 
 from rose_core import messages as m
-from rose_core.auth import Signer, observer_key
+from rose_core.auth import Signer, executor_key, observer_key
 from rose_core.channel import SEND_HWM, ControlClient, ControlServer
 from rose_core.errors import RoseError
 from rose_core.metrics import DROPPED_MESSAGES, free_port
@@ -95,6 +95,31 @@ def test_a_dashboard_credential_is_refused_for_every_non_observer_message(server
         assert server.recv(5) == (b"tui-1", m.Goodbye(peer_id="tui-1", reason="bye"))
     assert server.rejected - refused_before == len(observer_only_messages("tui-1"))
     assert rejected("wrong_role") - before == len(observer_only_messages("tui-1"))
+
+
+def test_an_executor_key_speaks_only_as_its_executor(server: ControlServer) -> None:
+    """A peer holding executor exec-a's own key (what `rose run` hands each executor instead of the secret): on
+    its own connection, every executor message naming exec-a is accepted and the controller's replies are
+    sealed with that key; a message naming another executor is refused as ``not_owner``; on a connection with
+    another executor's routing id the key does not authenticate at all, and an observer's Hello is refused."""
+    key = executor_key(SECRET, "exec-a")
+    not_owner, unauthenticated = rejected("not_owner"), rejected("unauthenticated")
+    with ControlClient(server.address, key, "exec-a") as own, ControlClient(server.address, key, "exec-b") as posing:
+        posing.send(m.Hello(peer_id="exec-b", kind="executor"))
+        for msg in [m.Hello(peer_id="exec-a", kind="observer"), *observer_only_messages("exec-b")]:
+            own.send(msg)
+        its_own = [*observer_only_messages("exec-a"), m.ErrorReport(code="lent", message="lent to another job")]
+        for msg in its_own:
+            own.send(msg)
+        accepted = [server.recv(5) for _ in its_own]
+        assert [(peer, type(msg)) for peer, msg in accepted] == [  # type: ignore[misc]
+            (b"exec-a", type(msg)) for msg in its_own]
+        server.send(b"exec-a", m.Welcome(controller_id="c", heartbeat_interval_s=1.0, stall_timeout_s=2.0))
+        got = own.recv(5)  # verified with exec-a's key: the reply was sealed with it
+        assert got is not None and isinstance(got[1], m.Welcome)
+        assert server.recv(0.3) is None
+    assert rejected("not_owner") - not_owner == 1 + len(observer_only_messages("exec-b"))
+    assert rejected("unauthenticated") - unauthenticated == 1
 
 
 def test_wrong_version_is_rejected_with_the_fix(server: ControlServer, raw: zmq.Socket[bytes]) -> None:

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from rose_core.auth import executor_credential
 from rose_core.cli import main
 from rose_core.config import RunConfig
 
@@ -80,3 +81,16 @@ def test_plot_without_matplotlib_names_the_extra_before_the_run(monkeypatch: pyt
     result = CliRunner().invoke(main, ["run", "--steps", "1", "--plot", "run.png"])
     assert result.exit_code == 2, result.output
     assert "rose-core[sim]" in result.output and "Traceback" not in result.output
+
+
+def test_executor_key_writes_a_key_that_only_that_executor_can_use(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 32)
+    out = rose("executor-key", "gpu-7", "--secret-file", str(secret), "--out", str(tmp_path / "k"))
+    assert out.returncode == 0 and "executor gpu-7's key" in out.stdout
+    assert (tmp_path / "k").stat().st_mode & 0o777 == 0o600
+    assert executor_credential((tmp_path / "k").read_bytes(), "gpu-7") == executor_credential(b"s" * 32, "gpu-7")
+    refused = rose("executor-key", "two words", "--secret-file", str(secret), "--out", str(tmp_path / "bad"))
+    assert refused.returncode == 2 and "bad executor id" in refused.stderr and "Traceback" not in refused.stderr
+    missing = rose("executor-key", "gpu-7", "--secret-file", str(tmp_path / "nope"), "--out", str(tmp_path / "k2"))
+    assert missing.returncode == 2 and "cannot read the secret file" in missing.stderr

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from faulty_proxy import FaultyProxy
-from rose_core.auth import Signer
+from rose_core.auth import Signer, weights_key
 from rose_core.messages import (
     CancelTurn,
     FromController,
@@ -238,7 +238,7 @@ def test_weight_update_through_rose_transfer(executor: Executor, policy_dir: Pat
     newer = {k: v.clone() for k, v in new.items()}
     newer["model.layers.0.self_attn.v_proj.weight"][0, :4] += 0.5
     layout = EngineLayout(tie_word_embeddings=False)
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    publisher = SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0)
     try:
         peer.send(turn("busy", sampling=SamplingParams(max_tokens=200, temperature=0.0)))
         peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
@@ -402,7 +402,7 @@ def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sy
                  for k, v in state.items()} for scale in (0.05, 0.1)]
     layout = EngineLayout(tie_word_embeddings=False)
     controller, proxies = ControllerPeer(SECRET), LoopThread("faulty-proxy")
-    publisher = SparsePublisher(secret=SECRET, host="127.0.0.1", port=0)
+    publisher = SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0)
     process, again, proxy = None, None, None
     try:
         process, _ = start_dedicated(controller, config, secret_file, "ded-2")

@@ -21,7 +21,7 @@ import pytest_asyncio
 import torch
 
 from rose_core import messages as m
-from rose_core.auth import Signer
+from rose_core.auth import Signer, executor_credential, weights_key
 from rose_core.errors import RoseError
 from rose_core.inprocess_channel import InProcessClient, InProcessServer
 from rose_core.messages import (
@@ -90,8 +90,8 @@ def start_agent(
     """A serving agent on the twins, running, with its own in-process controller (not welcomed yet)."""
     server = InProcessServer(SECRET)
     controller = ControllerPeer(SECRET, server)
-    options = AgentOptions(controller=server.address, role="serving", executor_id=executor_id, secret=SECRET,
-                           parent_pid=parent_pid)
+    options = AgentOptions(controller=server.address, role="serving", executor_id=executor_id,
+                           credential=executor_credential(SECRET, executor_id), parent_pid=parent_pid)
     agent = ExecutorAgent(load_executor_config(path), options, launcher or FakeEngineLauncher(MODELS),
                           connect=InProcessClient)
     return server, controller, agent, asyncio.create_task(agent.run())
@@ -356,7 +356,7 @@ class StuckCommit(FakeEngineLauncher):
 
 
 async def test_an_executor_killed_mid_apply_comes_back_with_a_full_sync(config_path: Path) -> None:
-    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0) as publisher:
+    with SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0) as publisher:
         versions = {v: {"w": np.arange(5000, dtype=np.float32) + v} for v in (1, 2)}
         async with twin(config_path, StuckCommit(MODELS)) as first:
             first.controller.send(publisher.publish(1, 1, versions[1]))

@@ -50,7 +50,8 @@ eval_every = 0
 
 
 def start_executors(work: Path, address: str, secret: Path) -> dict[str, tuple[subprocess.Popen[bytes], int]]:
-    """The fleet: one dedicated and one serving executor, started as an operator would (no --parent-pid)."""
+    """The fleet: one dedicated and one serving executor, started as an operator would (no --parent-pid), each
+    with its own key file from `rose executor-key`, not the secret."""
     config = load_config(work / "rose.toml")
     models = ensure_models(work / "models")
     out: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
@@ -62,8 +63,11 @@ def start_executors(work: Path, address: str, secret: Path) -> dict[str, tuple[s
         path = work / f"executor-{role}.toml"
         path.write_text(tomli_w.dumps(section))
         log = (work / f"executor-{role}.log").open("wb")
+        key = work / f"executor-{role}-0.key"
+        subprocess.run([sys.executable, "-m", "rose_core", "executor-key", f"{role}-0", "--secret-file", str(secret),
+                        "--out", str(key)], check=True, capture_output=True)
         argv = [sys.executable, "-m", "rose_executor", "--controller", address, "--role", role, "--config", str(path),
-                "--executor-id", f"{role}-0", "--secret-file", str(secret)]
+                "--executor-id", f"{role}-0", "--secret-file", str(key)]
         out[role] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), port)
     return out
 

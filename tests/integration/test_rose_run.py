@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.auth import OBSERVER_KEY_PREFIX
+from rose_core.auth import EXECUTOR_KEY_PREFIX, OBSERVER_KEY_PREFIX, executor_credential
 
 from .rose_run_support import run_report as rose_run
 
@@ -84,6 +84,20 @@ def test_the_dashboard_is_handed_the_observer_key_not_the_secret(run_report: dic
     held = Path(found.group(1)).read_bytes()
     assert held.startswith(OBSERVER_KEY_PREFIX)
     assert held != (Path(found.group(1)).parent / "secret").read_bytes()
+
+
+def test_each_executor_is_handed_its_own_key_not_the_secret(run_report: dict) -> None:
+    """`rose run` starts every executor with its own key file (docs/security.md): it speaks to the controller only
+    as itself, so the run going through means the controller took each executor's messages under its own key."""
+    found = re.search(r"dashboard: rose-tui --connect \S+ --secret-file (\S+)", run_report["_stdout"])
+    assert found is not None
+    run_dir = Path(found.group(1)).parent
+    secret = (run_dir / "secret").read_bytes()
+    for entry in run_report["executors"]:
+        held = (run_dir / f"executor-{entry['executor_id']}.key").read_bytes()
+        assert held.startswith(EXECUTOR_KEY_PREFIX + entry["executor_id"].encode() + b" ")
+        assert secret not in held
+        assert executor_credential(held, entry["executor_id"]) == executor_credential(secret, entry["executor_id"])
 
 
 def test_every_step_says_where_its_weight_sync_went(run_report: dict) -> None:

@@ -69,6 +69,21 @@ def test_request_before_hello_is_rejected(publisher: DensePublisher) -> None:
     assert _rejected("no_handshake") == before + 1
 
 
+async def test_a_captured_request_played_again_is_rejected_and_counted(publisher: DensePublisher,
+                                                                      tmp_path: Path) -> None:
+    """A receiver's Hello and manifest request, captured and sent again on a new connection: the first time they
+    are served, the second time refused as ``replay`` (counted), and the publisher goes on serving."""
+    publisher.publish(1, 0, random_state_dict())
+    framer = Framer(Signer(SECRET), TransferRequest)
+    captured = b"".join(_frame([bytes(f) for f in framer.seal(msg)])
+                        for msg in (Hello(peer_id="r", kind="weights"), FetchManifest(version=1)))
+    assert b"weight_manifest" in _exchange(publisher.port, captured)  # genuine: answered
+    before = _rejected("replay")
+    assert b"weight_manifest" not in _exchange(publisher.port, captured)
+    assert _rejected("replay") == before + 1
+    await _still_serves(publisher, tmp_path, 2)
+
+
 def test_oversized_request_is_rejected_before_it_is_read(publisher: DensePublisher) -> None:
     before = _rejected("oversized")
     _exchange(publisher.port, struct.pack(">IQ", 1, 1 << 40))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rose_core.auth import weights_key
 from rose_core.metrics import free_port
 from rose_transfer import SparsePublisher, WeightFetcher, load_arrays
 
@@ -32,16 +33,18 @@ def secret(tmp_path: Path) -> Path:
 async def test_it_relays_versions_reports_what_crossed_and_stops_on_sigterm(
     secret: Path, tmp_path: Path, scheme: str
 ) -> None:
-    """With a ``tls://`` upstream (``[controller] weights_tls``) the relay serves TLS too."""
+    """With a ``tls://`` upstream (``[controller] weights_tls``) the relay serves TLS too. Given the secret file,
+    the relay works with the weights key derived from it, as the publisher and receivers of `rose run` do."""
     port = free_port()
-    with SparsePublisher(secret=SECRET, host="127.0.0.1", port=port, tls=scheme == "tls") as publisher:
+    with SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=port, tls=scheme == "tls") as publisher:
         relay = subprocess.Popen(relay_command(secret, "--upstream", publisher.source, "--progress-every", "0.1",
                                                "--json"), stdout=subprocess.PIPE, text=True)
         try:
             started = json.loads(relay.stdout.readline())  # type: ignore[union-attr]
             tensors = random_state_dict(3)
             announce = publisher.publish(1, 1, tensors)
-            fetched = await WeightFetcher(SECRET, "r-1").fetch(announce, -1, tmp_path / "v1", relay=started["source"])
+            fetched = await WeightFetcher(weights_key(SECRET), "r-1").fetch(announce, -1, tmp_path / "v1",
+                                                                            relay=started["source"])
             progress = json.loads(relay.stdout.readline())  # type: ignore[union-attr]
             relay.send_signal(signal.SIGTERM)
             out, _ = relay.communicate(timeout=30)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rose_core.auth import Signer
+from rose_core.auth import Signer, weights_key
 from rose_core.errors import ConfigError, RoseError
 from rose_core.messages import Hello, ShardAccepted, ShardIntakeReply, ShardOffer, Welcome
 from rose_core.wire import Framer
@@ -198,3 +198,17 @@ async def _offer_then_fall_silent(intake: str, offer: ShardOffer) -> None:
         await asyncio.sleep(2.0)
     finally:
         conn.close()
+
+
+def test_an_intake_keyed_with_the_secret_refuses_a_rank_holding_only_the_weights_key() -> None:
+    """What `rose run` sets up: the publisher serves on the weights key (every executor holds it) and its intake
+    keeps the secret, so an executor's key cannot publish a version; the trainer's secret can."""
+    with DensePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0, bucket_bytes=256) as publisher:
+        intake = publisher.open_shard_intake(1, timeout=2.0, key=SECRET)
+        executor = ShardPublisher(secret=weights_key(SECRET), intake=intake, rank=0, ranks=1, timeout=2.0)
+        with executor, pytest.raises(TransferError):
+            executor.publish_shard(1, 1, _rank_state(0), SPECS)
+        assert publisher.versions() == []
+        with ShardPublisher(secret=SECRET, intake=intake, rank=0, ranks=1, timeout=10.0) as trainer:
+            announce = trainer.publish_shard(1, 1, _rank_state(0), SPECS)
+        assert announce.version == 1 and publisher.versions() == [1]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rose_core.errors import ProtocolError
-from rose_transfer import DensePublisher, ResidentWeights, TransferError, WeightFetcher, load_arrays
+from rose_transfer import DensePublisher, ResidentWeights, ShardPublisher, TransferError, WeightFetcher, load_arrays
 from rose_transfer.serve.sparse_publisher import SparsePublisher
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.tls_link import server_public_key
@@ -27,11 +27,12 @@ MARKER = np.frombuffer(b"ROSE-WEIGHTS-IN-THE-CLEAR-" * 4096, dtype=np.uint8).cop
 
 
 class SniffingProxy:
-    """Forwards one TCP connection at a time to ``port`` and keeps every byte the server sent."""
+    """Forwards one TCP connection at a time to ``port`` and keeps every byte each side sent."""
 
     def __init__(self, port: int) -> None:
         self._port = port
         self.from_server = bytearray()
+        self.from_client = bytearray()
         self._server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -45,16 +46,15 @@ class SniffingProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
 
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, keep: bool) -> None:
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, keep: bytearray) -> None:
             with contextlib.suppress(ConnectionError):
                 while data := await src.read(65536):
-                    if keep:
-                        self.from_server.extend(data)
+                    keep.extend(data)
                     dst.write(data)
                     await dst.drain()
             dst.close()
 
-        await asyncio.gather(copy(reader, up_writer, False), copy(up_reader, writer, True))
+        await asyncio.gather(copy(reader, up_writer, self.from_client), copy(up_reader, writer, self.from_server))
 
 
 async def _fetch_through_proxy(tls: bool, tmp_path: Path) -> tuple[bytes, dict[str, np.ndarray]]:
@@ -138,3 +138,34 @@ async def test_a_plain_receiver_that_meets_tls_records_says_so() -> None:
         theirs.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]))  # a TLS alert: protocol_version
         with pytest.raises(ProtocolError, match=r"the peer speaks TLS: dial it as tls://HOST:PORT"):
             await FrameSocket(ours).recv(1 << 20)
+
+
+async def _publish_a_shard_through_proxy(tls: bool) -> tuple[bytes, dict[str, np.ndarray]]:
+    """One trainer rank publishes ``MARKER`` through the intake of a publisher (TLS or not), via a proxy that
+    keeps what the rank sent; returns those bytes and what a receiver then fetches."""
+    with DensePublisher(secret=SECRET, host="127.0.0.1", port=0, tls=tls) as publisher:
+        intake = publisher.open_shard_intake(1, timeout=10.0)
+        scheme = "tls" if tls else "tcp"
+        assert intake.startswith(f"{scheme}://")
+        proxy = SniffingProxy(int(intake.rsplit(":", 1)[1]))
+        address = await proxy.start()
+        try:
+            with ShardPublisher(secret=SECRET, intake=f"{scheme}://{address}", rank=0, ranks=1) as rank:
+                announce = await asyncio.to_thread(rank.publish_shard, 1, 1, {"marker": MARKER})
+        finally:
+            await proxy.close()
+        target = ResidentWeights()
+        await WeightFetcher(SECRET, "r0").fetch_into(announce, target)
+        return bytes(proxy.from_client), target.arrays()
+
+
+async def test_the_shard_intake_of_a_tls_publisher_takes_the_shards_encrypted() -> None:
+    """`[controller] weights_tls` covers the trainer ranks' shard intake too: the ranks dial ``tls://`` and pin
+    the intake's key, and the shard's bytes are not on the wire."""
+    plain_wire, plain = await _publish_a_shard_through_proxy(False)
+    tls_wire, got = await _publish_a_shard_through_proxy(True)
+    assert_same(plain, {"marker": MARKER})
+    assert_same(got, {"marker": MARKER})
+    phrase = b"ROSE-WEIGHTS-IN-THE-CLEAR-"
+    assert phrase in plain_wire  # the check can fail: without TLS the shard crosses in the clear
+    assert phrase not in tls_wire and len(tls_wire) > MARKER.nbytes

@@ -1,4 +1,9 @@
-"""The shared secret that authenticates peers, and per-message signatures.
+"""The shared secret that authenticates peers, the per-role keys derived from it, and per-message signatures.
+
+Roles (docs/security.md): the secret is the controller's and the trainer's (full authority); an executor
+holds an *executor key* file (``write_executor_key``): its own control key, bound to its executor id, the
+weights key and the observer key, none of which gives back the secret or another executor's key; a
+dashboard holds the observer key. Every key is ``HMAC-SHA256(secret, label)``.
 
 Two schemes, both keyed by the shared secret: HMAC-SHA256 (every control message, and the default),
 and Poly1305 with a one-time key per message (``HMAC-SHA256(secret, label + nonce)`` over a random
@@ -13,6 +18,8 @@ import hmac
 import os
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,10 @@ _ONE_TIME_KEY_LABEL = b"rose-poly1305-key\x00"
 OBSERVER_KEY_PREFIX = b"rose-observer-key:"
 """How an observer key file starts (``write_observer_key``); anything else is read as the shared secret."""
 _OBSERVER_LABEL = b"rose-observer-key\x00"
+EXECUTOR_KEY_PREFIX = b"rose-executor-key:"
+"""How an executor key file starts (``write_executor_key``)."""
+_EXECUTOR_LABEL = b"rose-executor-key\x00"
+_WEIGHTS_LABEL = b"rose-weights-key\x00"
 
 
 def load_secret(path: str | Path | None = None) -> bytes:
@@ -81,6 +92,76 @@ def as_observer(credential: bytes) -> bytes:
 def write_observer_key(path: Path, secret: bytes) -> None:
     """Write the observer key of ``secret`` to ``path`` (readable only by its owner): what a dashboard gets."""
     write_private(path, OBSERVER_KEY_PREFIX + observer_key(secret))
+
+
+def executor_key(secret: bytes, executor_id: str) -> bytes:
+    """Executor ``executor_id``'s control key: the controller accepts it only on the connection whose routing
+    id is ``executor_id`` and only for messages that name that executor (``rose_core.wire``)."""
+    return hmac.new(secret, _EXECUTOR_LABEL + executor_id.encode(), hashlib.sha256).hexdigest().encode()
+
+
+@lru_cache(maxsize=4096)
+def executor_signer(secret: bytes, executor_id: str) -> Signer:
+    """A ``Signer`` of ``executor_key`` (cached: the control socket derives one per message otherwise)."""
+    return Signer(executor_key(secret, executor_id))
+
+
+def weights_key(secret: bytes) -> bytes:
+    """The weight channel's key: publishers, relays and receivers sign and verify with it (and its TLS key is
+    derived from it); a trainer's shard intake keeps the secret, so an executor cannot publish through it."""
+    return hmac.new(secret, _WEIGHTS_LABEL, hashlib.sha256).hexdigest().encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorCredential:
+    """What an executor signs with: its control key, the weights key, and the observer key (which its
+    encrypted control link derives the controller's Curve key from)."""
+
+    executor_id: str
+    control: bytes
+    weights: bytes
+    observer: bytes
+
+
+def executor_credential(contents: bytes, executor_id: str) -> ExecutorCredential:
+    """The credential in ``contents`` (an executor key file, or the shared secret, from which it is derived)
+    for ``executor_id``; ``ConfigError`` naming the fix for another executor's key or an observer key."""
+    if contents.startswith(OBSERVER_KEY_PREFIX):
+        raise ConfigError("this is an observer key (it can only watch): give the executor its executor key "
+                          "(executor-ID.key in the controller's run directory) or the shared secret")
+    if not contents.startswith(EXECUTOR_KEY_PREFIX):
+        return ExecutorCredential(executor_id, executor_key(contents, executor_id), weights_key(contents),
+                                  observer_key(contents))
+    fields = contents[len(EXECUTOR_KEY_PREFIX):].split()
+    if len(fields) != 4:
+        raise ConfigError("malformed executor key file (expected 'rose-executor-key:ID CONTROL WEIGHTS OBSERVER'): "
+                          "write it again with the controller (rose controller writes executor-ID.key)")
+    owner = fields[0].decode(errors="replace")
+    if owner != executor_id:
+        raise ConfigError(f"this executor key is executor {owner!r}'s: start with --executor-id {owner}, or give "
+                          f"executor {executor_id!r} its own key (executor-{executor_id}.key)")
+    return ExecutorCredential(owner, fields[1], fields[2], fields[3])
+
+
+def write_executor_key(path: Path, secret: bytes, executor_id: str) -> None:
+    """Write executor ``executor_id``'s key file (readable only by its owner): what its host gets instead of
+    the secret."""
+    if not executor_id or len(executor_id) > 128 or any(c.isspace() for c in executor_id):
+        raise ConfigError(f"bad executor id {executor_id!r}: use 1-128 characters without spaces")
+    keys = (executor_key(secret, executor_id), weights_key(secret), observer_key(secret))
+    write_private(path, EXECUTOR_KEY_PREFIX + b" ".join((executor_id.encode(), *keys)))
+
+
+def as_weights_key(credential: bytes) -> bytes:
+    """The weights key held in ``credential``: an executor key file's, or derived from the secret."""
+    if credential.startswith(OBSERVER_KEY_PREFIX):
+        raise ConfigError("an observer key cannot fetch or serve weights: give the shared secret or an executor key")
+    if credential.startswith(EXECUTOR_KEY_PREFIX):
+        fields = credential[len(EXECUTOR_KEY_PREFIX):].split()
+        if len(fields) != 4:
+            raise ConfigError("malformed executor key file: write it again with the controller")
+        return fields[2]
+    return weights_key(credential)
 
 
 class Signer:

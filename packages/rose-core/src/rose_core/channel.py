@@ -47,7 +47,7 @@ import zmq
 import zmq.utils.z85
 
 from rose_core.auth import Signer, observer_key
-from rose_core.control_endpoint import ClientCallback, ServerCallback, observer_may_send
+from rose_core.control_endpoint import ClientCallback, ServerCallback, ServerKeys, server_keys
 from rose_core.errors import RoseError
 from rose_core.inbound import Inbound
 from rose_core.messages import FromController, ToController
@@ -74,10 +74,10 @@ class _Endpoint(Inbound[InT]):
         decode_type: Any,
         on_message: Callable[[bytes, InT], None] | None,
         max_message_bytes: int,
-        guest: Signer | None = None,
+        keys: ServerKeys | None = None,
     ) -> None:
         signer = Signer(secret)
-        opener = Framer(signer, decode_type, max_message_bytes, guest=guest, guest_may=observer_may_send)
+        opener = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         super().__init__(opener, on_message)  # opened on the I/O thread
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(sock_type)
@@ -87,7 +87,7 @@ class _Endpoint(Inbound[InT]):
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
-        self._send_framer = Framer(signer, decode_type, max_message_bytes, guest=guest)
+        self._send_framer = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)  # unbounded: the I/O thread drains it and never blocks
@@ -181,7 +181,7 @@ class _Endpoint(Inbound[InT]):
 
     def _send(self, peer: bytes, msg: msgspec.Struct) -> None:
         with self._push_lock:
-            frames = self._route(peer, self._send_framer.seal(msg, guest=peer in self.guests))
+            frames = self._route(peer, self._send_framer.seal(msg, key=self.key_of(peer), peer=peer))
             self._push.send_multipart(frames, copy=False)
             self._queued += 1
 
@@ -220,8 +220,8 @@ class ControlServer(_Endpoint[ToController]):
         *,
         encrypt: bool = False,
     ) -> None:
-        guest = Signer(observer_key(secret))  # a dashboard given only the observer key may watch
-        super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes, guest)
+        # executors with their own keys speak for themselves; a dashboard with the observer key may watch
+        super().__init__(zmq.ROUTER, secret, ToController, on_message, max_message_bytes, server_keys(secret))
         if encrypt:
             public, private = curve_server_keys(observer_key(secret))
             self._sock.curve_server = True
@@ -245,7 +245,7 @@ class ControlServer(_Endpoint[ToController]):
     def seal(self, peer: bytes, msg: FromController) -> list[Any]:
         """The frames ``send`` would put on the wire for ``peer`` (stamped with this endpoint's next number)."""
         with self._push_lock:
-            return self._send_framer.seal(msg, guest=peer in self.guests)
+            return self._send_framer.seal(msg, key=self.key_of(peer), peer=peer)
 
     def send_frames(self, peer: bytes, frames: list[Any]) -> None:
         """Put already-sealed (or raw) frames on the wire to ``peer``, through the I/O thread like ``send``."""

@@ -92,6 +92,21 @@ def controller(secret_file: str | None, **options: Any) -> None:
     _run_job(JobOptions(**options), spawn=False, secret_file=secret_file)
 
 
+@main.command("executor-key")
+@click.argument("executor_id")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Where to write it [default: executor-ID.key].")
+def executor_key(executor_id: str, secret_file: str | None, out_path: str | None) -> None:
+    """Write EXECUTOR_ID's key file, what its host gets instead of the shared secret: it speaks to the controller
+    only as EXECUTOR_ID and fetches weights (docs/security.md). Start it with `rose-executor --executor-id
+    EXECUTOR_ID --secret-file FILE`."""
+    from rose_core.auth import load_secret, write_executor_key
+
+    path = Path(out_path or f"executor-{executor_id}.key")
+    write_executor_key(path, load_secret(secret_file), executor_id)
+    click.echo(f"wrote {path} (mode 0600): executor {executor_id}'s key")
+
+
 def _job_config(opts: JobOptions) -> RunConfig:
     config = load_config(opts.config_path)
     if opts.steps is not None:

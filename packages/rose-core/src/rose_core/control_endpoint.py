@@ -8,11 +8,13 @@ Both run every message through the same ``Framer`` and ``Inbound`` code; only th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol, TypedDict
 
 import msgspec
 
-from rose_core.messages import FromController, Goodbye, Hello, StatusAck, ToController
+from rose_core.auth import Signer, executor_signer, observer_key
+from rose_core.messages import ErrorReport, FromController, Goodbye, Hello, StatusAck, ToController
 
 ServerCallback = Callable[[bytes, ToController], None]
 """Called with ``(peer routing id, message)`` for every accepted message, instead of queueing it for ``recv``."""
@@ -51,3 +53,36 @@ def observer_may_send(msg: object) -> bool:
     """What a peer holding only the observer key may send a controller: say Hello as an observer, acknowledge
     the status it was sent, and Goodbye."""
     return isinstance(msg, Goodbye | StatusAck) or (isinstance(msg, Hello) and msg.kind == "observer")
+
+
+def executor_may_send(peer: bytes, msg: object) -> bool:
+    """What a peer holding executor ``peer``'s own key (``rose_core.auth.executor_key``) may send: what an
+    executor sends, naming itself (its routing id) and nobody else; an error report (it names nobody: a
+    refusal to a second job, or why it cannot go on) is its own."""
+    own_id = peer.decode(errors="replace")
+    if isinstance(msg, ErrorReport):
+        return True
+    if isinstance(msg, Hello):
+        return msg.kind == "executor" and msg.peer_id == own_id
+    if isinstance(msg, Goodbye):
+        return msg.peer_id == own_id
+    return getattr(msg, "executor_id", None) == own_id
+
+
+class ServerKeys(TypedDict, total=False):
+    """The keys a controller's endpoint accepts besides the secret, and what each may send (``rose_core.wire``)."""
+
+    guest: Signer
+    guest_may: Callable[[Any], bool]
+    member: Callable[[bytes], Signer]
+    member_may: Callable[[bytes, Any], bool]
+
+
+def server_keys(secret: bytes) -> ServerKeys:
+    """Executors' own keys (one per routing id) and the dashboard's observer key, all derived from ``secret``."""
+    return ServerKeys(guest=Signer(observer_key(secret)), guest_may=observer_may_send,
+                      member=partial(_member_signer, secret), member_may=executor_may_send)
+
+
+def _member_signer(secret: bytes, peer: bytes) -> Signer:
+    return executor_signer(secret, peer.decode(errors="replace"))

@@ -44,6 +44,7 @@ class ProtocolError(Exception):
         "wrong_version",
         "no_handshake",
         "wrong_role",
+        "not_owner",
         "replay",
         "over_capacity",
         "needs_tls",

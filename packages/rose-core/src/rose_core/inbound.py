@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from rose_core.errors import ProtocolError
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.replay_guard import ReplayGuard
-from rose_core.wire import Framer
+from rose_core.wire import OWN, Framer
 
 log = logging.getLogger(__name__)
 InT = TypeVar("InT")
@@ -44,8 +44,9 @@ class Inbound(ABC, Generic[InT]):
         both waiting forever on the ``Queue``'s mutex while `rose run` shut down)."""
         self._notified: set[tuple[bytes, str]] = set()
         self.rejected = 0
-        self.guests: set[bytes] = set()
-        """Peers whose last accepted message was signed with the guest (observer) key: replies to them are too."""
+        self.keys: dict[bytes, str] = {}
+        """The key (``rose_core.wire.MEMBER`` or ``GUEST``) of each peer whose last accepted message was not signed
+        with this endpoint's own: replies to that peer are signed with it too (``key_of``)."""
 
     def recv(self, timeout: float | None = None) -> tuple[bytes, InT] | None:
         """The next ``(peer, message)``, or ``None`` after ``timeout`` seconds (never, with a callback) or
@@ -68,18 +69,24 @@ class Inbound(ABC, Generic[InT]):
     def _open(self, peer: bytes, frames: Sequence[Any]) -> InT | None:
         """The decoded message, or ``None`` when it was rejected."""
         try:
-            msg, guest, stamp = self._framer.open_keyed(frames)
+            msg, key, stamp = self._framer.open_keyed(frames, peer)
             if stamp is not None:  # None: an unsigned notice, shown and never acted on
                 self._replays.check(peer, stamp, time.time())
         except ProtocolError as exc:
             self._reject(peer, exc)
             return None
-        if guest:
-            self.guests.add(peer)
+        if stamp is None:
+            pass  # an unsigned notice says nothing of the key its sender holds
+        elif key == OWN:
+            self.keys.pop(peer, None)
         else:
-            self.guests.discard(peer)
+            self.keys[peer] = key
         opened: InT = msg
         return opened
+
+    def key_of(self, peer: bytes) -> str:
+        """The key to sign what is sent to ``peer`` with (``rose_core.wire.OWN`` unless it spoke with another)."""
+        return self.keys.get(peer, OWN)
 
     def _deliver(self, peer: bytes, msg: InT) -> None:
         if self._on_message is not None:

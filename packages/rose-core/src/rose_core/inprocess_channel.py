@@ -26,8 +26,8 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from rose_core.auth import Signer, observer_key
-from rose_core.control_endpoint import ClientCallback, ServerCallback, observer_may_send
+from rose_core.auth import Signer
+from rose_core.control_endpoint import ClientCallback, ServerCallback, ServerKeys, server_keys
 from rose_core.errors import RoseError
 from rose_core.inbound import Inbound
 from rose_core.messages import FromController, ToController
@@ -56,19 +56,19 @@ class _InProcessEnd(Inbound[InT]):
         decode_type: Any,
         on_message: Callable[[bytes, InT], None] | None,
         max_message_bytes: int,
-        guest: Signer | None = None,
+        keys: ServerKeys | None = None,
     ) -> None:
         signer = Signer(secret)
-        opener = Framer(signer, decode_type, max_message_bytes, guest=guest, guest_may=observer_may_send)
+        opener = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         super().__init__(opener, on_message)
-        self._send_framer = Framer(signer, decode_type, max_message_bytes, guest=guest)
+        self._send_framer = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         self._send_lock = threading.Lock()
         self._open_lock = threading.RLock()  # a notice sent while rejecting may come back to this end
         self.closed = False
 
-    def _seal(self, msg: msgspec.Struct, guest: bool = False) -> list[bytes]:
+    def _seal(self, msg: msgspec.Struct, peer: bytes = b"") -> list[bytes]:
         with self._send_lock:
-            return _on_the_wire(self._send_framer.seal(msg, guest=guest))
+            return _on_the_wire(self._send_framer.seal(msg, key=self.key_of(peer), peer=peer))
 
     def _arrive(self, peer: bytes, frames: list[bytes]) -> None:
         """The other end's transport hands over one message: open it (or reject it), then deliver it."""
@@ -104,7 +104,7 @@ class InProcessServer(_InProcessEnd[ToController]):
         on_message: ServerCallback | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__(secret, ToController, on_message, max_message_bytes, Signer(observer_key(secret)))
+        super().__init__(secret, ToController, on_message, max_message_bytes, server_keys(secret))
         self._peers: dict[bytes, InProcessClient] = {}
         self.address = address or f"inprocess://control-{next(_ids)}"
         with _listening_lock:
@@ -113,7 +113,7 @@ class InProcessServer(_InProcessEnd[ToController]):
             _listening[self.address] = self
 
     def send(self, peer: bytes, msg: FromController) -> None:
-        self._send_raw(peer, self._seal(msg, guest=peer in self.guests))
+        self._send_raw(peer, self._seal(msg, peer))
 
     def send_frames(self, peer: bytes, frames: Sequence[Any]) -> None:
         """Put raw frames on the wire to ``peer``, bypassing the sending framer."""

@@ -61,10 +61,12 @@ class WeightPublisher(Protocol):
         ...
 
     def open_shard_intake(self, ranks: int, *, port: int = 0, timeout: float = 60.0,
-                          on_publish: Callable[[WeightAnnounce], None] | None = None) -> str:
+                          on_publish: Callable[[WeightAnnounce], None] | None = None,
+                          key: bytes | None = None) -> str:
         """Accept versions from the ``ranks`` ranks of a trainer outside ROSE, each publishing its own shard
         (``rose_transfer.ShardPublisher``); returns the ``tcp://`` source they connect to. ``on_publish``
-        gets each announcement once every rank's part is in."""
+        gets each announcement once every rank's part is in. ``key``: what the ranks sign with (the shared
+        secret, which receivers do not hold; default: the publisher's own key)."""
         ...
 
     def close(self) -> None: ...

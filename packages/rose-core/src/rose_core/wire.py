@@ -11,9 +11,12 @@ what is signed, so it cannot be flipped. An unsigned error notice
 (flag ``UNSIGNED_NOTICE``, zero mac) tells a peer that failed authentication or version checks why it
 was rejected; it is accepted only as an ``ErrorReport`` and never acted on.
 
-A server's ``Framer`` may also know a *guest* key (the observer key, ``rose_core.auth.observer_key``): a
-message that only the guest key verifies is accepted only if ``guest_may(message)`` (else ``wrong_role``),
-and ``open_keyed`` says which key it was, so replies to that peer are sealed with the guest key too.
+A server's ``Framer`` may also know two more kinds of key, tried after its own: a *member* key per peer
+(``member(peer)``: an executor's key, ``rose_core.auth.executor_key``, derived from the peer's routing id), whose
+messages are accepted only if ``member_may(peer, message)`` (else ``not_owner``: an executor speaks only for
+itself), and a *guest* key (the observer key, ``rose_core.auth.observer_key``), whose messages are accepted only
+if ``guest_may(message)`` (else ``wrong_role``). ``open_keyed`` says which key it was (``OWN``, ``MEMBER``,
+``GUEST``), and ``seal(msg, key=..., peer=...)`` signs the replies to that peer with the same key.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ SIGNED = 0
 UNSIGNED_NOTICE = 1
 SIGNED_POLY1305 = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+OWN = "own"
+MEMBER = "member"
+GUEST = "guest"
 UNSIGNED_REF = "unsigned"
 """The ``ref`` of every unsigned notice a ``Framer`` opens (set by the receiver): display it, never act on it."""
 
@@ -66,11 +72,11 @@ def envelope(flags: int = SIGNED, version: int = PROTOCOL_VERSION, stamp: Stamp 
 
 
 class Opened(NamedTuple):
-    """An opened message: the message, whether only the guest key verified it, and its sender's stamp (``None``
-    for an unsigned notice: nothing vouches for it, it is shown and never acted on)."""
+    """An opened message: the message, which key verified it (``OWN``, ``MEMBER`` or ``GUEST``), and its sender's
+    stamp (``None`` for an unsigned notice: nothing vouches for it, it is shown and never acted on)."""
 
     msg: Any
-    guest: bool
+    key: str
     stamp: Stamp | None
 
 
@@ -87,10 +93,14 @@ class Framer:
         bulk_mac: str = HMAC_SHA256,
         guest: Signer | None = None,
         guest_may: Callable[[Any], bool] | None = None,
+        member: Callable[[bytes], Signer] | None = None,
+        member_may: Callable[[bytes, Any], bool] | None = None,
     ):
         self._signer = signer
         self._guest = guest
         self._guest_may = guest_may or (lambda msg: False)
+        self._member = member
+        self._member_may = member_may or (lambda peer, msg: False)
         self._fast_bulk = check_mac_scheme(bulk_mac) == POLY1305
         self._encoder = Encoder()
         self._decoder = Decoder(decode_type)
@@ -99,10 +109,10 @@ class Framer:
         self.session = os.urandom(SESSION_BYTES)
         self._seq = itertools.count(1)
 
-    def seal(self, msg: msgspec.Struct, *, guest: bool = False) -> list[Any]:
-        """Frames of ``msg`` signed with the key (``guest``: the guest key, for a peer that holds only that),
+    def seal(self, msg: msgspec.Struct, *, key: str = OWN, peer: bytes = b"") -> list[Any]:
+        """Frames of ``msg`` signed with the key ``peer`` holds (``key``: as ``open_keyed`` said of its messages),
         stamped with this framer's session, its next sequence number and the time."""
-        signer = self._guest if guest and self._guest is not None else self._signer
+        signer = self._signer_for(key, peer)
         payload = self._encoder.encode(msg)
         stamp = Stamp(self.session, next(self._seq), time.time())
         if self._fast_bulk and len(payload) > 1:
@@ -120,9 +130,16 @@ class Framer:
         """The decoded message, or ``ProtocolError`` naming why the frames were rejected."""
         return self.open_keyed(frames).msg
 
-    def open_keyed(self, frames: Sequence[Any]) -> Opened:
-        """The message, whether only the guest key verified it, and its stamp; or ``ProtocolError`` naming why
-        it was rejected."""
+    def _signer_for(self, key: str, peer: bytes) -> Signer:
+        if key == GUEST and self._guest is not None:
+            return self._guest
+        if key == MEMBER and self._member is not None:
+            return self._member(peer)
+        return self._signer
+
+    def open_keyed(self, frames: Sequence[Any], peer: bytes = b"") -> Opened:
+        """The message from ``peer``, which key verified it, and its stamp; or ``ProtocolError`` naming why it
+        was rejected."""
         size = sum(memoryview(f).nbytes for f in frames)
         if size > self._max:
             raise ProtocolError("oversized", f"message of {size} bytes exceeds the limit of {self._max}")
@@ -133,7 +150,7 @@ class Framer:
             raise ProtocolError("malformed", "not a ROSE frame (bad envelope)")
         _, version, flags = _HEAD.unpack_from(env)
         if flags == UNSIGNED_NOTICE:  # its ref is ours, not the sender's: nobody can pass one off as signed
-            return Opened(msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), False,
+            return Opened(msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), OWN,
                           None)
         if version != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -145,16 +162,25 @@ class Framer:
             raise ProtocolError("malformed", f"envelope of {len(env)} bytes, protocol {version} has "
                                              f"{_HEAD.size + _STAMP.size}")
         stamp = Stamp(*_STAMP.unpack_from(env, _HEAD.size))
-        if _verified(self._signer, flags, mac, [env, *payload]):
-            return Opened(self._decoder.decode(payload), False, stamp)
-        if self._guest is None or not _verified(self._guest, flags, mac, [env, *payload]):
-            raise ProtocolError("unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE)")
+        signed = [env, *payload]
+        if _verified(self._signer, flags, mac, signed):
+            return Opened(self._decoder.decode(payload), OWN, stamp)
+        if self._member is not None and peer and _verified(self._member(peer), flags, mac, signed):
+            msg = self._decoder.decode(payload)
+            if not self._member_may(peer, msg):
+                raise ProtocolError("not_owner", f"{type(msg).__name__} signed with executor "
+                                                 f"{peer.decode(errors='replace')!r}'s key names another peer")
+            return Opened(msg, MEMBER, stamp)
+        if self._guest is None or not _verified(self._guest, flags, mac, signed):
+            raise ProtocolError("unauthenticated", "bad signature: the peer's shared secret differs (ROSE_SECRET_FILE), "
+                                                   "or it holds a key derived for another peer (an executor key is "
+                                                   "valid only as its own executor id)")
         msg = self._decoder.decode(payload)
         if not self._guest_may(msg):
             raise ProtocolError(
                 "wrong_role", f"{type(msg).__name__} signed with the observer key: an observer may only watch"
             )
-        return Opened(msg, True, stamp)
+        return Opened(msg, GUEST, stamp)
 
 
 def _verified(signer: Signer, flags: int, mac: bytes, frames: list[Any]) -> bool:

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import assert_never
 
-from rose_core.auth import observer_key
+from rose_core.auth import ExecutorCredential
 from rose_core.channel import ControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
@@ -86,7 +86,8 @@ class AgentOptions:
     controller: str
     role: Role
     executor_id: str
-    secret: bytes
+    credential: ExecutorCredential
+    """Its own control key, the weights key and the observer key (``rose_core.auth.executor_credential``)."""
     metrics_endpoint: str = ""
     parent_pid: int | None = None
     """The launcher (`rose run`): when it is gone (this process was re-parented), the executor stops; a
@@ -150,8 +151,9 @@ class ExecutorAgent:
         try:
             connect = self._connect
             if self.config.encrypt_control and connect is ControlClient:
-                connect = partial(ControlClient, encrypt_with=observer_key(self.options.secret))
-            self._link = ControllerLink(self.options.controller, self.options.secret, self.executor_id, connect)
+                connect = partial(ControlClient, encrypt_with=self.options.credential.observer)
+            self._link = ControllerLink(self.options.controller, self.options.credential.control, self.executor_id,
+                                        connect)
             welcome = await self._handshake(self._link)
             self._welcomed = True
             self._heartbeat_s = welcome.heartbeat_interval_s
@@ -237,7 +239,7 @@ class ExecutorAgent:
             self._runner,
             rollout,
             executor_id=self.executor_id,
-            secret=self.options.secret,
+            secret=self.options.credential.weights,
             send=send,
             fetch_timeout_s=cfg.weight_fetch_timeout_s,
             drain_timeout_s=cfg.weight_drain_timeout_s,

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rose_core.auth import load_secret
+from rose_core.auth import executor_credential, load_secret
 from rose_core.cli_support import LOG_FORMAT, RoseGroup
 from rose_core.messages import Role
 from rose_core.metrics import serve_metrics
@@ -45,7 +45,8 @@ def agent_options(required: bool) -> Callable[[F], F]:
                          help="Executor TOML config."),
             click.option("--executor-id", default=None, help="Unique id of this executor [default: HOSTNAME-ROLE]."),
             click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
-                         help="Shared secret [default: $ROSE_SECRET_FILE or $ROSE_SECRET]."),
+                         help="This executor's key file (executor-ID.key from its controller's run directory) or the "
+                              "shared secret [default: $ROSE_SECRET_FILE or $ROSE_SECRET]."),
             click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
                          help="Prometheus port; 0 picks a free one."),
             click.option("--log-level", default="INFO", show_default=True,
@@ -116,14 +117,15 @@ def run_agent(
 
     config = load_executor_config(config_path)
     config.check_role(role)
-    secret = load_secret(secret_file)
+    executor_id = executor_id or f"{socket.gethostname()}-{role}"
+    credential = executor_credential(load_secret(secret_file), executor_id)
     metrics = serve_metrics(config.advertise_host, metrics_port)
     logging.getLogger(__name__).info("metrics on %s", metrics)
     options = AgentOptions(
         controller=controller,
         role=role,
-        executor_id=executor_id or f"{socket.gethostname()}-{role}",
-        secret=secret,
+        executor_id=executor_id,
+        credential=credential,
         metrics_endpoint=metrics,
         parent_pid=parent_pid,
     )

@@ -10,12 +10,21 @@ from pathlib import Path
 import click
 import numpy as np
 
-from rose_core.auth import load_secret
+from rose_core.auth import as_weights_key, load_secret
 from rose_core.cli_support import RoseGroup, setup_logging
 from rose_core.messages import WeightAnnounce
 from rose_transfer._version import __version__
 
 MIB = 1024 * 1024
+
+
+_KEY_HELP = ("The shared secret or an executor key file (else $ROSE_SECRET_FILE): the weight channel's key is "
+             "derived from it.")
+
+
+def _weights_key(secret_file: str | None) -> bytes:
+    """The weight channel's key (``rose_core.auth.weights_key``) from a secret or executor key file."""
+    return as_weights_key(load_secret(secret_file))
 
 
 @click.group(cls=RoseGroup, program="rose-transfer")
@@ -32,8 +41,8 @@ def main(verbose: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--bucket-mb", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
-@click.option("--tls", is_flag=True, help="Serve tls://HOST:PORT (TLS 1.3, the key derived from the secret).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help=_KEY_HELP)
+@click.option("--tls", is_flag=True, help="Serve tls://HOST:PORT (TLS 1.3, the key derived from the weights key).")
 def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, secret_file: str | None,
           tls: bool) -> None:
     """Serve the arrays of a .npz file as one weight version until interrupted."""
@@ -41,7 +50,7 @@ def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, sec
 
     with np.load(weights) as npz:
         tensors = {name: npz[name] for name in npz.files}
-    with DensePublisher(secret=load_secret(secret_file), host=host, port=port, bucket_bytes=bucket_mb * MIB,
+    with DensePublisher(secret=_weights_key(secret_file), host=host, port=port, bucket_bytes=bucket_mb * MIB,
                         tls=tls) as pub:
         announce = pub.publish(version, 0, tensors)
         click.echo(f"serving version {version} ({announce.total_bytes} bytes) at {announce.source}")
@@ -63,7 +72,7 @@ def serve(weights: Path, version: int, host: str, port: int, bucket_mb: int, sec
               help="ucx: serve over UCX too.")
 @click.option("--ucx-port", type=click.IntRange(0, 65535), default=0, show_default=True)
 @click.option("--relay-id", default="", help="Name in the publisher's logs (default relay@SOURCE).")
-@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help=_KEY_HELP)
 @click.option("--progress-every", type=click.FloatRange(min=0.05), default=5.0, show_default=True,
               help="Seconds between progress lines (printed when more bytes came from upstream).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event (started, progress, stopped).")
@@ -73,7 +82,7 @@ def relay(upstream: str, host: str, port: int, transport: str, ucx_port: int, re
     from rose_transfer.serve.relay_process import RelaySettings, describe, serve_relay
 
     settings = RelaySettings(upstream, host, port, transport, ucx_port, relay_id, progress_every)
-    secret = load_secret(secret_file)
+    secret = _weights_key(secret_file)
     serve_relay(secret, settings, lambda event: click.echo(json.dumps(event) if as_json else describe(event)))
 
 
@@ -82,14 +91,14 @@ def relay(upstream: str, host: str, port: int, transport: str, ucx_port: int, re
 @click.argument("version", type=click.IntRange(min=0))
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--digest", default="", help="Expected manifest digest (from the announcement).")
-@click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), help=_KEY_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def fetch(source: str, version: int, dest: Path, digest: str, secret_file: str | None, as_json: bool) -> None:
     """Fetch weight VERSION from SOURCE (tcp://HOST:PORT or tls://HOST:PORT) into the file DEST."""
     from rose_transfer.fetch.fetcher import WeightFetcher
 
     announce = WeightAnnounce(version=version, step=0, source=source, manifest_digest=digest)
-    fetched = asyncio.run(WeightFetcher(load_secret(secret_file), "rose-transfer-cli").fetch(announce, -1, dest))
+    fetched = asyncio.run(WeightFetcher(_weights_key(secret_file), "rose-transfer-cli").fetch(announce, -1, dest))
     row = {
         "version": fetched.version,
         "path": str(fetched.path),

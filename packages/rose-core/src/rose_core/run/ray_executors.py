@@ -5,7 +5,7 @@ Each executor is one actor, placed by resources: a dedicated executor asks for `
 GPU on serving nodes), so Ray's own accounting lets at most one RL job borrow each serving GPU: a second job's
 serving actor stays pending, and after ``placement_timeout_s`` the run stops with an error that names the
 resource and the job that holds it. The actor starts `rose-executor` as its child process on its node (the
-engine keeps its own process tree, as in a local run) and its files (the executor config, the secret) travel
+engine keeps its own process tree, as in a local run) and its files (the executor config, its own key) travel
 to it through Ray as bytes, written into a private directory there; the executor watches the actor's pid, so
 an actor that dies takes its executor with it. Ray places and supervises; control and weights travel over
 ROSE's own channels.
@@ -47,7 +47,7 @@ class ExecutorActor:
     """Runs one `rose-executor` process on the node Ray placed it on, until it exits or is stopped."""
 
     def __init__(self, argv: list[str], files: dict[str, bytes], log_path: str) -> None:
-        self._dir = tempfile.mkdtemp(prefix="rose-executor-")  # 0700: the secret is written here
+        self._dir = tempfile.mkdtemp(prefix="rose-executor-")  # 0700: its key is written here
         local = {}
         for key, data in files.items():
             path = Path(self._dir, Path(key).name)

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
-from rose_core.auth import SECRET_FILE_ENV, load_secret, write_new_secret, write_observer_key
+from rose_core.auth import (
+    SECRET_FILE_ENV,
+    load_secret,
+    weights_key,
+    write_executor_key,
+    write_new_secret,
+    write_observer_key,
+)
 from rose_core.config import EXTERNAL_TRAINER, GATEWAY_ENV, RELAY_NONE, RELAY_START, RunConfig
 from rose_core.controller.controller import Controller
 from rose_core.controller.executor_record import ExecutorRecord
@@ -147,7 +154,7 @@ class Launch:
         self.say(f"models: policy {models.policy}, serving {models.serving}")
         self.controller = Controller(cfg, self.secret)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
-        self.publisher = load_publisher(cfg.weight_publisher, secret=self.secret, host=cfg.controller.host,
+        self.publisher = load_publisher(cfg.weight_publisher, secret=weights_key(self.secret), host=cfg.controller.host,
                                         port=cfg.controller.weights_port, tls=cfg.controller.weights_tls)
         self.controller.relays = self._start_relays(self.publisher)
         self.say(f"controller {self.controller.address}  metrics {metrics_url}  weights {self.publisher.source}")
@@ -177,7 +184,8 @@ class Launch:
     def _await_executors(self) -> None:
         ex = self.config.executors
         wanted = ex.dedicated + ex.serving
-        self.say(f"waiting for {wanted} executors: rose-executor --controller {self._control().address} ...")
+        self.say(f"waiting for {wanted} executors: rose-executor --controller {self._control().address} "
+                 "--executor-id ID --secret-file executor-ID.key ... (rose executor-key ID writes its key)")
         self._control().wait_for_executors(wanted, ex.start_timeout_s)
 
     def _control(self) -> Controller:
@@ -198,16 +206,19 @@ class Launch:
         ex = self.config.executors
         roles = [("dedicated", i) for i in range(ex.dedicated)] + [("serving", i) for i in range(ex.serving)]
         for role, i in roles:
-            path = self.run_dir / f"executor-{role}-{i}.toml"
+            executor_id = f"{role}-{i}"
+            path = self.run_dir / f"executor-{executor_id}.toml"
             path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
+            key_path = self.run_dir / f"executor-{executor_id}.key"  # its own key, not the secret
+            write_executor_key(key_path, self.secret, executor_id)
             argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,
-                    "--config", str(path), "--executor-id", f"{role}-{i}", "--secret-file", str(self.secret_path),
+                    "--config", str(path), "--executor-id", executor_id, "--secret-file", str(key_path),
                     "--metrics-port", "0", "--log-level", executor_log_level(), "--parent-pid"]
             if isinstance(self.children, ChildProcesses):
-                self.children.start(f"executor-{role}-{i}", [*argv, str(os.getpid())])
-            else:  # its config and the secret travel to the actor through Ray; it watches its actor's pid
-                files = {str(path): path.read_bytes(), str(self.secret_path): self.secret}
-                self.children.start(f"executor-{role}-{i}", [*argv, PARENT_PID], role=role, files=files)
+                self.children.start(f"executor-{executor_id}", [*argv, str(os.getpid())])
+            else:  # its config and its key travel to the actor through Ray; it watches its actor's pid
+                files = {str(path): path.read_bytes(), str(key_path): key_path.read_bytes()}
+                self.children.start(f"executor-{executor_id}", [*argv, PARENT_PID], role=role, files=files)
         where = f"Ray actors on {self.config.ray.address}" if self.config.ray.address else "vLLM CPU engines"
         self.say(f"starting {len(roles)} executors ({where}; logs in {self.children.log_dir})")
         t0 = time.monotonic()
@@ -343,20 +354,21 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     else:
         job = RLJob(*args, **options)
     if isinstance(trainer, ExternalTrainer):
-        _open_trainer_api(job, trainer, publisher, key, config, say)
+        _open_trainer_api(job, trainer, publisher, key, config, say, intake_key=launch.secret)
         say(f"trainer-api {job.trainer_api.url} key-file {key_path} intake {trainer.intake} "  # type: ignore[attr-defined]
             f"ranks {trainer.ranks}")
     return job
 
 
 def _open_trainer_api(job: RLJob, trainer: ExternalTrainer, publisher: WeightPublisher, key: str,
-                      config: RunConfig, say: Say) -> None:
-    """The external trainer's doors: the shard intake it publishes through, and the API it pulls batches from."""
+                      config: RunConfig, say: Say, *, intake_key: bytes) -> None:
+    """The external trainer's doors: the shard intake it publishes through (its ranks sign with the secret,
+    ``intake_key``, which executors do not hold), and the API it pulls batches from."""
     from rose_core.gateway.http_server import ApiServer
     from rose_core.run.external_trainer import TRAINER_ROUTES
 
     trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer_timeout_s,
-                                                 on_publish=trainer.published)
+                                                 on_publish=trainer.published, key=intake_key)
     server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api").start()
     job.trainer_api = server  # type: ignore[attr-defined]
     job.closers.append(server.close)

@@ -135,12 +135,16 @@ class DensePublisher:
         port: int = 0,
         timeout: float = 60.0,
         on_publish: Callable[[WeightAnnounce], None] | None = None,
+        key: bytes | None = None,
     ) -> str:
         """Gather versions from the ``ranks`` ranks of a tensor-parallel trainer, each calling
         ``ShardPublisher.publish_shard`` with its own shards, and serve each whole version as ``publish``
         would (same layout, bytes and digest); returns the ``tcp://`` source the ranks connect to.
         ``timeout``: how long after a version's first offer every rank must have offered, and how long
-        a sending rank may be silent. ``on_publish`` gets each announcement (on the publisher's thread)."""
+        a sending rank may be silent. ``on_publish`` gets each announcement (on the publisher's thread).
+        ``key``: what the ranks sign with (`rose run` gives the shared secret, which receivers, holding only
+        the weights key this publisher serves with, do not have); default: this publisher's key. A ``tls``
+        publisher's intake is TLS too (``tls://``)."""
 
         def register(flat: FlatVersion, step: int) -> WeightAnnounce:
             announce = self._register(flat, step)
@@ -148,19 +152,22 @@ class DensePublisher:
                 on_publish(announce)
             return announce
 
+        if key is not None and len(key) < MIN_SECRET_BYTES:
+            raise ConfigError(f"the intake's key is {len(key)} bytes; use at least {MIN_SECRET_BYTES}")
         intake = ShardIntake(
-            self._secret,
+            self._secret if key is None else key,
             ranks=ranks,
             publish=register,
             newest=lambda: max(self._store.versions(), default=-1),
             allocate=self._store.pool.take,
             bucket_bytes=self.bucket_bytes,
             timeout=timeout,
+            tls=self.tls,
         )
         listener = bind_listener(self._host, port)
         self._tcp_listeners.append(listener)
         self._thread.submit(intake.serve(listener))
-        return format_source(advertised_host(self._host), int(listener.getsockname()[1]))
+        return format_source(advertised_host(self._host), int(listener.getsockname()[1]), tls=self.tls)
 
     def start_relay(self, relay_id: str, *, transport: str = "tcp") -> ClusterRelay:
         """A relay of this publisher on this host (a remote cluster's, modelled here): receivers there

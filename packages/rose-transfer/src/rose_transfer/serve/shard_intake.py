@@ -6,7 +6,8 @@ specs) -> ``ShardAccepted`` once every rank of the group has offered a consisten
 and written into the whole version's stream on a worker thread; when every rank's bytes are in, the
 version is checksummed and published and every rank gets the ``WeightAnnounce``. No byte moves
 before the layouts agree; no trainer rank ever holds more than its shard; the publisher holds the
-whole version, as it does for ``publish``. A version fails whole, for every rank, on bad offers, a
+whole version, as it does for ``publish``. With ``tls`` every rank connection is TLS 1.3 (``wire.tls_link``,
+the server key derived from the intake's key, pinned by the ranks, which dial ``tls://``). A version fails whole, for every rank, on bad offers, a
 rank missing past ``timeout`` after the first offer, or a rank silent for ``timeout`` while sending;
 it can then be published again.
 """
@@ -38,6 +39,7 @@ from rose_transfer.serve.pending_shards import PendingShards
 from rose_transfer.version.manifest import FlatVersion
 from rose_transfer.wire.frame_connection import REPLY_OVERHEAD, FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
+from rose_transfer.wire.tls_link import TlsFrameSocket
 
 log = logging.getLogger(__name__)
 DEFAULT_PART_BYTES = 16 * 1024 * 1024
@@ -60,6 +62,7 @@ class ShardIntake:
         timeout: float = 60.0,
         part_bytes: int = DEFAULT_PART_BYTES,
         server_id: str = "shard-intake",
+        tls: bool = False,
     ) -> None:
         if ranks < 1 or timeout <= 0 or part_bytes <= 0:
             raise RoseError(f"a shard intake needs ranks >= 1, timeout > 0, part_bytes > 0; got {ranks}, {timeout}")
@@ -72,6 +75,7 @@ class ShardIntake:
         self.timeout = timeout
         self.part_bytes = part_bytes
         self._server_id = server_id
+        self.tls = tls
         self._pending: dict[int, PendingShards] = {}
 
     async def serve(self, listener: socket.socket) -> None:
@@ -87,7 +91,8 @@ class ShardIntake:
                     log.warning("shard intake cannot accept a connection: %s", exc)
                     await asyncio.sleep(0.1)
                     continue
-                task = asyncio.create_task(self._handle(FrameSocket(sock)))
+                conn = TlsFrameSocket.server(sock, self._secret) if self.tls else FrameSocket(sock)
+                task = asyncio.create_task(self._handle(conn))
                 handlers.add(task)
                 task.add_done_callback(handlers.discard)
         finally:

@@ -6,6 +6,9 @@ A reader task reads requests ahead while a writer task sends replies (signed on 
 per version), so a receiver that keeps several requests in flight is never idle on a round trip. A
 rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
+Requests are checked for replays as the control plane checks messages (``rose_core.replay_guard``, one guard
+for all of this server's connections): a captured request played again, on its connection or another, is
+rejected as ``replay``. (Every receiver seals a connection's requests with a framer of its own.)
 
 With ``tls`` every TCP connection is TLS 1.3 (``wire.tls_link``: the server key derived from the secret,
 pinned by receivers); UCX connections are not encrypted.
@@ -26,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -49,6 +54,7 @@ from rose_core.messages import (
     Welcome,
 )
 from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.replay_guard import ReplayGuard
 from rose_core.wire import Framer
 from rose_transfer.codec.compiled_scan import warm_up
 from rose_transfer.metrics import SENT_BYTES
@@ -99,6 +105,8 @@ class TransferServer:
         self._prepared_bytes = 0
         self.rejected = 0
         self.connections = 0
+        self._replays = ReplayGuard()
+        self._connection_ids = itertools.count()
 
     def close(self) -> None:
         self._sealer.close()
@@ -148,7 +156,7 @@ class TransferServer:
             self._over_capacity(peer)
             conn.close()
             return
-        framer = Framer(Signer(self._secret), TransferRequest, MAX_REQUEST_BYTES)
+        framer = _RequestOpener(Signer(self._secret), self._replays, next(self._connection_ids))
         self._open += 1
         self._unauthenticated += 1
         handshaking = True
@@ -167,7 +175,7 @@ class TransferServer:
                 self._unauthenticated -= 1
             conn.close()
 
-    async def _handshake(self, conn: FrameConnection, framer: Framer, peer: str) -> bool:
+    async def _handshake(self, conn: FrameConnection, framer: _RequestOpener, peer: str) -> bool:
         frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._handshake_timeout)
         hello = framer.open(frames)
         if not isinstance(hello, Hello):
@@ -199,7 +207,7 @@ class TransferServer:
 
     # ---------------------------------------------------------------- requests
 
-    async def _serve(self, conn: FrameConnection, framer: Framer) -> None:
+    async def _serve(self, conn: FrameConnection, framer: _RequestOpener) -> None:
         replies: asyncio.Queue[asyncio.Future[list[Any]]] = asyncio.Queue(self._read_ahead)
         tasks = {
             asyncio.create_task(self._read_requests(conn, framer, replies)),
@@ -215,7 +223,7 @@ class TransferServer:
             task.result()
 
     async def _read_requests(
-        self, conn: FrameConnection, framer: Framer, replies: asyncio.Queue[asyncio.Future[list[Any]]]
+        self, conn: FrameConnection, framer: _RequestOpener, replies: asyncio.Queue[asyncio.Future[list[Any]]]
     ) -> None:
         while True:
             frames = await asyncio.wait_for(conn.recv(MAX_REQUEST_BYTES), self._idle_timeout)
@@ -311,3 +319,18 @@ def _peer_name(address: Any) -> str:
 
 def _failed(future: asyncio.Future[Any]) -> bool:
     return future.done() and (future.cancelled() or future.exception() is not None)
+
+
+class _RequestOpener(Framer):
+    """Opens one connection's requests and checks each for replay against the server's guard."""
+
+    def __init__(self, signer: Signer, replays: ReplayGuard, connection: int) -> None:
+        super().__init__(signer, TransferRequest, MAX_REQUEST_BYTES)
+        self._replays = replays
+        self._connection = connection.to_bytes(8, "big")
+
+    def open(self, frames: Sequence[Any]) -> Any:
+        msg, _, stamp = self.open_keyed(frames)
+        if stamp is not None:  # None: an unsigned notice, logged and never answered
+            self._replays.check(self._connection, stamp, time.time())
+        return msg

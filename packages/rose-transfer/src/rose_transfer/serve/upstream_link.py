@@ -54,6 +54,7 @@ class UpstreamLink:
         async with self._connecting:
             if self._conn is None:
                 conn = await open_connection(self.source, self._timeout, self._secret)
+                self._framer = Framer(Signer(self._secret), TransferReply)  # a session per connection (replays)
                 try:
                     await self._handshake(conn)
                 except BaseException:
