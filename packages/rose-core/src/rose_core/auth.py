@@ -132,10 +132,7 @@ def executor_credential(contents: bytes, executor_id: str) -> ExecutorCredential
     if not contents.startswith(EXECUTOR_KEY_PREFIX):
         return ExecutorCredential(executor_id, executor_key(contents, executor_id), weights_key(contents),
                                   observer_key(contents))
-    fields = contents[len(EXECUTOR_KEY_PREFIX):].split()
-    if len(fields) != 4:
-        raise ConfigError("malformed executor key file (expected 'rose-executor-key:ID CONTROL WEIGHTS OBSERVER'): "
-                          "write it again with the controller (rose controller writes executor-ID.key)")
+    fields = _executor_key_fields(contents)
     owner = fields[0].decode(errors="replace")
     if owner != executor_id:
         raise ConfigError(f"this executor key is executor {owner!r}'s: start with --executor-id {owner}, or give "
@@ -157,11 +154,17 @@ def as_weights_key(credential: bytes) -> bytes:
     if credential.startswith(OBSERVER_KEY_PREFIX):
         raise ConfigError("an observer key cannot fetch or serve weights: give the shared secret or an executor key")
     if credential.startswith(EXECUTOR_KEY_PREFIX):
-        fields = credential[len(EXECUTOR_KEY_PREFIX):].split()
-        if len(fields) != 4:
-            raise ConfigError("malformed executor key file: write it again with the controller")
-        return fields[2]
+        return _executor_key_fields(credential)[2]
     return weights_key(credential)
+
+
+def _executor_key_fields(contents: bytes) -> list[bytes]:
+    """ID, control, weights and observer key of an executor key file's ``contents``."""
+    fields = contents[len(EXECUTOR_KEY_PREFIX):].split()
+    if len(fields) != 4:
+        raise ConfigError("malformed executor key file (expected 'rose-executor-key:ID CONTROL WEIGHTS OBSERVER'): "
+                          "write it again beside the secret with `rose executor-key ID`")
+    return fields
 
 
 class Signer:
