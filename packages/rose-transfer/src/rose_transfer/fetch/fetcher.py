@@ -5,7 +5,8 @@ memory (``fetch_into``, patches applied in place), whole or not at all.
 when every bucket passed its signature and checksum; ``fetch_into`` stages it and applies it under the
 target's lock with an undo log (``resident_commit``). A corrupt bucket is pulled again (bounded); a dropped
 connection is re-opened and the fetch resumes with the buckets still missing (bounded, reset whenever
-a connection makes progress).
+a connection makes progress). A relay that failed is skipped for a while (``RelayHealth``): the versions
+after it died go straight to the source.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from rose_transfer.fetch.file_sink import FileSink
 from rose_transfer.fetch.held_bases import HeldBases
 from rose_transfer.fetch.memory_sink import MemorySink
 from rose_transfer.fetch.partial_file import PartialFile
+from rose_transfer.fetch.relay_health import RelayHealth
 from rose_transfer.fetch.transfer_client import TransferClient
 from rose_transfer.metrics import FETCH_SECONDS, RECEIVED_BYTES, RECONNECTS
 from rose_transfer.plan.shard_view import check_view
@@ -56,6 +58,8 @@ class WeightFetcher:
         timeout: float = 30.0,
         durable: bool = True,
         relay_reconnects: int = 1,
+        relay_health: RelayHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the shared secret is {len(secret)} bytes; use at least {MIN_SECRET_BYTES}")
@@ -69,6 +73,8 @@ class WeightFetcher:
         self.timeout = timeout
         self.durable = durable
         self.relay_reconnects = relay_reconnects
+        self.relays = relay_health or RelayHealth()
+        self._clock = clock
         self.bases = HeldBases()
         self.buffers = BucketBuffers()
 
@@ -194,6 +200,10 @@ class WeightFetcher:
     ) -> FetchProgress:
         progress = FetchProgress(announce, have_version, self.max_bucket_retries)
         progress.wanted = None if buckets is None else frozenset(buckets)
+        if relay and not self.relays.usable(relay, self._clock()):
+            log.info("version %d from the source: relay %s failed, next try in %.0f s", announce.version, relay,
+                     self.relays.retry_in(relay, self._clock()))
+            relay = None
         progress.sources = [s for s in (relay, announce.source) if s]
         return progress
 
@@ -219,6 +229,8 @@ class WeightFetcher:
             done_before = len(progress.done)
             try:
                 await self._fetch_on_one_connection(progress, sink)
+                if len(progress.sources) > 1:  # still on the relay: it served this version
+                    self.relays.succeeded(progress.source)
                 return
             except (OSError, TimeoutError, ProtocolError) as exc:
                 if isinstance(exc, ProtocolError):
@@ -226,7 +238,8 @@ class WeightFetcher:
                 failures = 0 if len(progress.done) > done_before else failures + 1
                 if len(progress.sources) > 1 and failures > self.relay_reconnects:
                     log.warning("relay %s failed (%s); pulling from the source", progress.source, _describe(exc))
-                    progress.sources.pop(0)
+                    backoff = self.relays.failed(progress.sources.pop(0), self._clock())
+                    log.info("the next versions skip that relay for %.0f s", backoff)
                     failures = 0
                     continue
                 if failures > self.max_reconnects:
