@@ -15,8 +15,8 @@ import pytest
 from rose_core.errors import ProtocolError
 from rose_transfer import DensePublisher, ResidentWeights, ShardPublisher, TransferError, WeightFetcher, load_arrays
 from rose_transfer.serve.sparse_publisher import SparsePublisher
-from rose_transfer.wire.frame_socket import FrameSocket
-from rose_transfer.wire.tls_link import server_public_key
+from rose_transfer.wire.frame_socket import ConnectionClosed, FrameSocket
+from rose_transfer.wire.tls_link import TlsFrameSocket, server_public_key
 
 from .conftest import SECRET, assert_same
 from .test_rejections import _rejected
@@ -169,3 +169,16 @@ async def test_the_shard_intake_of_a_tls_publisher_takes_the_shards_encrypted() 
     phrase = b"ROSE-WEIGHTS-IN-THE-CLEAR-"
     assert phrase in plain_wire  # the check can fail: without TLS the shard crosses in the clear
     assert phrase not in tls_wire and len(tls_wire) > MARKER.nbytes
+
+
+async def test_a_connection_closed_in_its_handshake_ends_the_handshake_and_tells_its_waiter() -> None:
+    """A TLS server connection closed while it waits for the peer's handshake (the server stopping, a cap hit):
+    the handshake task is cancelled, not left to fail later unseen, and whoever waited on it is told."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        conn = TlsFrameSocket.server(ours, SECRET)
+        waiter = asyncio.create_task(conn.recv(1 << 20))
+        await asyncio.sleep(0.05)  # the handshake waits for the peer's first record, which never comes
+        conn.close()
+        with pytest.raises(ConnectionClosed, match="closed during its TLS handshake"):
+            await waiter

@@ -130,7 +130,19 @@ class TlsFrameSocket(FrameSocket):
         """Run the TLS handshake (once; later calls wait for the first) and, as a client, check the pin."""
         if self._handshake is None:
             self._handshake = asyncio.ensure_future(self._run_handshake())
-        await asyncio.shield(self._handshake)
+        handshake = self._handshake
+        try:
+            await asyncio.shield(handshake)
+        except asyncio.CancelledError:
+            if handshake.cancelled():  # ``close`` ended it; this waiter was not cancelled itself
+                raise ConnectionClosed("the connection was closed during its TLS handshake") from None
+            raise
+
+    def close(self) -> None:
+        """Close the socket; a handshake still running ends now (cancelled, its waiters told the link closed)."""
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.cancel()
+        super().close()
 
     async def _recv(self, max_bytes: int, bulk_into: memoryview | None) -> list[Any]:
         await self.handshake()
