@@ -39,6 +39,17 @@ def _exchange(port: int, payload: bytes, timeout: float = 5.0) -> bytes:
         return received
 
 
+def _ask(port: int, payload: bytes, until: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``payload`` and read until ``until`` arrives or the publisher closes the connection (no half-close:
+    a server drops the replies still being prepared when its peer is gone)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        received = b""
+        while until not in received and (chunk := sock.recv(65536)):
+            received += chunk
+        return received
+
+
 async def _still_serves(publisher: DensePublisher, tmp_path: Path, version: int) -> None:
     tensors = random_state_dict(seed=version)
     announce = publisher.publish(version, 0, tensors)
@@ -77,9 +88,9 @@ async def test_a_captured_request_played_again_is_rejected_and_counted(publisher
     framer = Framer(Signer(SECRET), TransferRequest)
     captured = b"".join(_frame([bytes(f) for f in framer.seal(msg)])
                         for msg in (Hello(peer_id="r", kind="weights"), FetchManifest(version=1)))
-    assert b"weight_manifest" in _exchange(publisher.port, captured)  # genuine: answered
+    assert b"weight_manifest" in _ask(publisher.port, captured, until=b"weight_manifest")  # genuine: answered
     before = _rejected("replay")
-    assert b"weight_manifest" not in _exchange(publisher.port, captured)
+    assert b"weight_manifest" not in _ask(publisher.port, captured, until=b"weight_manifest")
     assert _rejected("replay") == before + 1
     await _still_serves(publisher, tmp_path, 2)
 

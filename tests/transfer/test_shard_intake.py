@@ -4,13 +4,17 @@ an error naming the fix, and publishes nothing (real sockets; ranks are threads 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import struct
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rose_core.auth import Signer, weights_key
 from rose_core.errors import ConfigError, RoseError
@@ -21,6 +25,7 @@ from rose_transfer.version.manifest import layout
 from rose_transfer.wire.connect import tcp_connect
 
 from .conftest import SECRET
+from .test_rejections import _exchange, _frame, _rejected
 
 SPECS = {"up.weight": "column", "down.weight": "row"}
 
@@ -212,3 +217,56 @@ def test_an_intake_keyed_with_the_secret_refuses_a_rank_holding_only_the_weights
         with ShardPublisher(secret=SECRET, intake=intake, rank=0, ranks=1, timeout=10.0) as trainer:
             announce = trainer.publish_shard(1, 1, _rank_state(0), SPECS)
         assert announce.version == 1 and publisher.versions() == [1]
+
+
+_garbage = st.one_of(
+    st.binary(max_size=4096),
+    st.lists(st.binary(max_size=512), min_size=1, max_size=20).map(_frame),
+    st.lists(st.binary(max_size=64), min_size=3, max_size=4).map(lambda fs: _frame([b"ROSE\x00\x03\x00", *fs[1:]])),
+)
+
+
+@pytest.fixture(scope="module")
+def intake_port() -> Iterator[int]:
+    """One intake for every fuzzed example."""
+    with DensePublisher(secret=SECRET, host="127.0.0.1", port=0, bucket_bytes=256) as pub:
+        yield int(pub.open_shard_intake(1, timeout=10.0).rsplit(":", 1)[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(payload=_garbage)
+def test_garbage_never_stops_the_intake(intake_port: int, payload: bytes) -> None:
+    port = intake_port
+    _exchange(port, payload)
+    hello = Framer(Signer(SECRET), ShardIntakeReply).seal(Hello(peer_id="trainer-rank-0", kind="weights"))
+    assert b"welcome" in _exchange(port, _frame([bytes(f) for f in hello]))  # still answers a rank
+
+
+def test_refusals_before_authentication_are_counted_and_a_rank_still_publishes(publisher: DensePublisher) -> None:
+    """Garbage, a bad signature and an oversized first frame are each refused and counted; connections over the
+    cap of those still before their Hello are closed as they arrive (``over_capacity``); then a rank publishes."""
+    intake = publisher.open_shard_intake(1, timeout=10.0)
+    port = int(intake.rsplit(":", 1)[1])
+    before = {r: _rejected(r) for r in ("malformed", "unauthenticated", "oversized", "over_capacity")}
+    _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    forged = Framer(Signer(b"not-the-secret-0123456789abcdef"), ShardIntakeReply).seal(Hello(peer_id="x", kind="weights"))
+    _exchange(port, _frame([bytes(f) for f in forged]))
+    _exchange(port, struct.pack(">IQ", 1, 1 << 20))  # one frame of 1 MiB announced before any Hello
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]  # the cap: 64 before their Hello
+    try:
+        closed_at_once = False
+        for _ in range(50):  # until the intake has taken the 64 (accepting is asynchronous)
+            with socket.create_connection(("127.0.0.1", port)) as extra:
+                extra.settimeout(0.5)
+                with contextlib.suppress(TimeoutError):
+                    closed_at_once = extra.recv(1) == b""
+            if closed_at_once:
+                break
+        assert closed_at_once
+    finally:
+        for sock in idle:
+            sock.close()
+    for reason, count in before.items():
+        assert _rejected(reason) > count, reason
+    with ShardPublisher(secret=SECRET, intake=intake, rank=0, ranks=1, timeout=10.0) as rank:
+        assert rank.publish_shard(1, 1, _rank_state(0), SPECS).version == 1

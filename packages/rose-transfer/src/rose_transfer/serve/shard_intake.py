@@ -6,10 +6,17 @@ specs) -> ``ShardAccepted`` once every rank of the group has offered a consisten
 and written into the whole version's stream on a worker thread; when every rank's bytes are in, the
 version is checksummed and published and every rank gets the ``WeightAnnounce``. No byte moves
 before the layouts agree; no trainer rank ever holds more than its shard; the publisher holds the
-whole version, as it does for ``publish``. With ``tls`` every rank connection is TLS 1.3 (``wire.tls_link``,
-the server key derived from the intake's key, pinned by the ranks, which dial ``tls://``). A version fails whole, for every rank, on bad offers, a
+whole version, as it does for ``publish``. A version fails whole, for every rank, on bad offers, a
 rank missing past ``timeout`` after the first offer, or a rank silent for ``timeout`` while sending;
 it can then be published again.
+
+With ``tls`` every rank connection is TLS 1.3 (``wire.tls_link``, the server key derived from the intake's
+key, pinned by the ranks, which dial ``tls://``).
+
+Limits before authentication, as the weight server's: at most ``max_unauthenticated`` connections before
+their Hello (more are closed as they arrive, ``over_capacity``), each with ``handshake_timeout`` to send it; a
+rejected frame (garbage, bad signature, oversized, no handshake) ends that connection only and is counted in
+``rose_rejected_messages_total`` and ``rejected``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from rose_core.messages import (
     WeightAnnounce,
     Welcome,
 )
+from rose_core.metrics import REJECTED_MESSAGES
 from rose_core.wire import Framer
 from rose_transfer.plan.shard_assembly import AssemblyPlan, assembly_plan
 from rose_transfer.serve.pending_shards import PendingShards
@@ -44,6 +52,8 @@ from rose_transfer.wire.tls_link import TlsFrameSocket
 log = logging.getLogger(__name__)
 DEFAULT_PART_BYTES = 16 * 1024 * 1024
 MAX_OFFER_BYTES = 64 * 1024 * 1024  # an offer lists every tensor of a model: generous
+MAX_HELLO_BYTES = 64 * 1024
+"""What a connection may send before it is authenticated (a Hello is a few hundred bytes)."""
 
 
 class ShardIntake:
@@ -63,6 +73,8 @@ class ShardIntake:
         part_bytes: int = DEFAULT_PART_BYTES,
         server_id: str = "shard-intake",
         tls: bool = False,
+        max_unauthenticated: int = 64,
+        handshake_timeout: float = 10.0,
     ) -> None:
         if ranks < 1 or timeout <= 0 or part_bytes <= 0:
             raise RoseError(f"a shard intake needs ranks >= 1, timeout > 0, part_bytes > 0; got {ranks}, {timeout}")
@@ -77,6 +89,10 @@ class ShardIntake:
         self._server_id = server_id
         self.tls = tls
         self._pending: dict[int, PendingShards] = {}
+        self._max_unauthenticated = max_unauthenticated
+        self._handshake_timeout = handshake_timeout
+        self._unauthenticated = 0
+        self.rejected = 0
 
     async def serve(self, listener: socket.socket) -> None:
         """Accept and serve rank connections on ``listener`` until cancelled."""
@@ -91,7 +107,13 @@ class ShardIntake:
                     log.warning("shard intake cannot accept a connection: %s", exc)
                     await asyncio.sleep(0.1)
                     continue
+                if self._unauthenticated >= self._max_unauthenticated:
+                    sock.close()
+                    self._count(ProtocolError("over_capacity", f"{self._unauthenticated} connections before "
+                                                               "their handshake"))
+                    continue
                 conn = TlsFrameSocket.server(sock, self._secret) if self.tls else FrameSocket(sock)
+                self._unauthenticated += 1  # counted as it is accepted: a burst cannot pass the cap before a task runs
                 task = asyncio.create_task(self._handle(conn))
                 handlers.add(task)
                 task.add_done_callback(handlers.discard)
@@ -102,17 +124,29 @@ class ShardIntake:
 
     async def _handle(self, conn: FrameConnection) -> None:
         framer = Framer(Signer(self._secret), ShardIntakeRequest, self.part_bytes + REPLY_OVERHEAD)
+        authenticated = False
         try:
-            offer = await self._handshake(conn, framer)
+            hello = framer.open(await asyncio.wait_for(conn.recv(MAX_HELLO_BYTES), self._handshake_timeout))
+            self._unauthenticated, authenticated = self._unauthenticated - 1, True
+            offer = await self._handshake(conn, framer, hello)
             reply = await self._gather(conn, framer, offer)
             await conn.send(framer.seal(reply))
-        except (OSError, TimeoutError, ProtocolError) as exc:
+        except ProtocolError as exc:
+            self._count(exc)
+        except (OSError, TimeoutError) as exc:
             log.warning("shard intake connection ended: %s", exc)
         finally:
+            if not authenticated:
+                self._unauthenticated -= 1
             conn.close()
 
-    async def _handshake(self, conn: FrameConnection, framer: Framer) -> ShardOffer:
-        hello = framer.open(await asyncio.wait_for(conn.recv(MAX_OFFER_BYTES), self.timeout))
+    def _count(self, exc: ProtocolError) -> None:
+        self.rejected += 1
+        REJECTED_MESSAGES.labels(exc.reason).inc()
+        if self.rejected <= 20 or self.rejected % 1000 == 0:
+            log.warning("shard intake refused a connection (%s): %s", exc.reason, exc)
+
+    async def _handshake(self, conn: FrameConnection, framer: Framer, hello: object) -> ShardOffer:
         if not isinstance(hello, Hello) or hello.kind != "weights":
             raise ProtocolError("no_handshake", f"first message is {type(hello).__name__}, not a weights hello")
         await conn.send(framer.seal(Welcome(controller_id=self._server_id)))
