@@ -83,6 +83,25 @@ async def test_cancel_gets_no_reply_and_abort_all_gives_every_turn_back() -> Non
     assert runner.aborted_total == 1
 
 
+async def test_a_turn_given_back_before_its_task_first_ran_still_gets_its_reply() -> None:
+    """A cut, a revoke or a cancel in the same loop iteration as the submit cancels a task that never started
+    (Python then skips the coroutine's own except and finally): the turn still ends, with its one reply."""
+    runner, _, clock, sent = setup(capacity=3)
+    runner.submit(turn("g1"))
+    assert runner.abort_keys(["g1:0"], "memory") == 1  # no await in between: the task has not run yet
+    await clock.advance(0.01)
+    runner.submit(turn("g2"))
+    runner.submit(turn("g3"))
+    await asyncio.gather(*runner.abort_now("revoked"), return_exceptions=True)
+    assert [(type(m), m.turn_id, m.reason) for m in sent] == [
+        (TurnAborted, "g1", "memory"), (TurnAborted, "g2", "revoked"), (TurnAborted, "g3", "revoked")]
+    assert runner.in_flight == 0 and runner.aborted_total == 3
+    runner.submit(turn("c1"))
+    assert runner.cancel("c1", 0)  # the controller's cancel: no reply, counted, nothing left in flight
+    await clock.advance(0.01)
+    assert replies(sent, "c1") == [] and runner.in_flight == 0 and runner.cancelled_total == 1
+
+
 async def test_a_revoked_runner_gives_every_turn_back_and_refuses_new_ones_for_good() -> None:
     runner, _engine, clock, sent = setup()
     runner.submit(turn("r1", max_tokens=900))

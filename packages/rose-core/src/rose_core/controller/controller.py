@@ -71,6 +71,8 @@ class AcceptedTurn:
 class ControllerStats:
     late_results: int = 0
     reroutes: int = 0
+    overdue: int = 0
+    """Turns re-routed because they ran over ``turn_timeout_s`` on an executor that still heartbeats."""
     turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prompt_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prefix_hit_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
@@ -153,6 +155,7 @@ class Controller:
         timeout = self.config.controller.turn_timeout_s
         for worker_id, ticket in self.scheduler.find_overdue(now, timeout) if timeout > 0 else ():
             self.stats.reroutes += 1
+            self.stats.overdue += 1
             metrics.TURNS_REROUTED.labels("overdue").inc()
             log.warning("turn %s ran over %.0f s on %s (it still heartbeats); re-routed and cancelled there",
                         ticket.turn_id, timeout, worker_id)

@@ -84,6 +84,8 @@ class StepReport:
     serving_tpot_p99_ms: float
     serving_slo_violations: int
     turns_rerouted: int = 0
+    turns_overdue: int = 0
+    """Of those, turns that ran over ``controller.turn_timeout_s`` on an executor that still heartbeats."""
     lost_trajectories: int = 0
     version_mismatches: int = 0
     published_version: int = 0
@@ -186,7 +188,7 @@ class RLJob:
 
     def run_step(self, step: int) -> StepReport:
         started = time.monotonic()
-        reroutes_before = self.controller.stats.reroutes
+        reroutes_before, overdue_before = self.controller.stats.reroutes, self.controller.stats.overdue
         stats = self.controller.stats
         self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
         self.controller.open_borrowing()
@@ -209,6 +211,7 @@ class RLJob:
             STEP_SECONDS.labels(phase).observe(secs)
         report = self._report(rollout, everything, rollout_s, train_s, sync_s, sync_bytes, (started, ended))
         report.turns_rerouted = self.controller.stats.reroutes - reroutes_before
+        report.turns_overdue = self.controller.stats.overdue - overdue_before
         report.train = _train_figures(train_stats)
         report.train_loss = float(report.train.get("loss") or 0.0)
         report.max_staleness = max((self.version - 1 - t.weight_version for tr in trained for t in tr.turns), default=0)

@@ -18,6 +18,8 @@ class RunReport:
     """Engines that reported weights other than the trainer's, summed over steps (0: bit-exact)."""
     late_results: int = 0
     turns_rerouted: int = 0
+    turns_overdue: int = 0
+    """Turns re-routed after running over ``controller.turn_timeout_s`` (summed over steps)."""
     serving_requests: int = 0
     serving_failed_requests: int = 0
     serving_slo_violations: int = 0
@@ -47,6 +49,7 @@ class RunReport:
         self.version_mismatches += step.version_mismatches
         self.weight_digest_mismatches += step.sync_breakdown.digest_mismatches
         self.turns_rerouted += step.turns_rerouted
+        self.turns_overdue += step.turns_overdue
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in self.__slots__}

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -169,6 +170,7 @@ class RolloutRunner:
         if not self.guarded:
             self._start(turn)
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{req.turn_id}-{req.attempt}")
+        turn.task.add_done_callback(partial(self._never_ran, turn))
         self._update_gauges()
         if self.guarded and self.on_submit is not None:
             self.on_submit()
@@ -282,6 +284,20 @@ class RolloutRunner:
             self._reply_aborted(req, turn.abort_reason or "engine_error: aborted by the engine")
             return
         self._reply_result(req, out, version, started - turn.received_at, self._clock() - started)
+
+    def _never_ran(self, turn: _Turn, _task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never enters ``_run`` (not even its ``finally``): a turn
+        given back or cancelled in the same loop iteration that submitted it (a memory cut, a revoke, a
+        controller's cancel) is finished here, or it would stay in flight with no reply."""
+        req = turn.request
+        if self._turns.get((req.turn_id, req.attempt)) is not turn:
+            return  # ``_run`` finished it
+        del self._turns[(req.turn_id, req.attempt)]
+        self._update_gauges()
+        if turn.abort_reason:
+            self._reply_aborted(req, turn.abort_reason)
+        elif turn.started_at is not None:
+            self._check_cancelled(turn.key)
 
     def _check_cancelled(self, request_id: str) -> None:
         """A cancelled turn has stopped: the engine must hold no request for it any more."""
