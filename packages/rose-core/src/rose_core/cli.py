@@ -184,7 +184,8 @@ def _progress_printer(enabled: bool) -> Callable[[StepStatus], None]:
 def _print_summary(data: dict[str, Any], report_path: str | None, sync_line: str = "") -> None:
     click.echo(
         f"\nok={data['ok']}  lost_trajectories={data['lost_trajectories']}  "
-        f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']}  "
+        f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']} "
+        f"(overdue {data['turns_overdue']})  "
         f"serving requests={data['serving_requests']} (failed {data['serving_failed_requests']}, "
         f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
         f"TPOT<={data['slo_tpot_ms']:.0f}ms)"
