@@ -107,10 +107,10 @@ class ShardIntake:
                     log.warning("shard intake cannot accept a connection: %s", exc)
                     await asyncio.sleep(0.1)
                     continue
-                if self._unauthenticated >= self._max_unauthenticated:
-                    sock.close()
+                if self._unauthenticated >= self._max_unauthenticated:  # counted before the close the peer sees
                     self._count(ProtocolError("over_capacity", f"{self._unauthenticated} connections before "
                                                                "their handshake"))
+                    sock.close()
                     continue
                 conn = TlsFrameSocket.server(sock, self._secret) if self.tls else FrameSocket(sock)
                 self._unauthenticated += 1  # counted as it is accepted: a burst cannot pass the cap before a task runs
