@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rose_core.config import SchedulerConfig
 from rose_core.scheduler import ElasticScheduler, TurnTicket
-from rose_core.scheduler.elastic_scheduler import AVOID_S
 
 
 def ticket(turn: str, traj: str = "x", now: float = 0.0, version: int = 0) -> TurnTicket:
@@ -134,25 +132,6 @@ def test_requeued_turns_keep_their_place() -> None:
     assert c.ticket.turn_id == "new"
     s.complete(8, "d1", "new", 0)
     assert s.schedule(8) == [] and [a.ticket.turn_id for a in s.schedule(7 + 2.0)] == ["old"]
-
-
-@pytest.mark.parametrize("reason", ["memory", "capacity", "held"])
-def test_a_turn_given_back_for_lack_of_room_keeps_off_that_worker_for_a_while(reason: str) -> None:
-    """``held``: the serving guard did not let it start in time; like ``memory`` and ``capacity`` the turn goes
-    to another worker, and back to that one only after ``AVOID_S``."""
-    s = ElasticScheduler(SchedulerConfig(max_concurrency_per_worker=4))
-    s.add_worker(0, "s1", "serving", 4, 0)
-    s.borrow([("s1", 0.0)])
-    s.submit(0, ticket("t", "A", now=0))
-    (first,) = s.schedule(0)
-    assert first.worker_id == "s1" and s.abort(1, "s1", "t", 0, reason)
-    assert s.schedule(1) == [] and s.schedule(1 + AVOID_S - 0.1) == []  # it waits rather than go straight back
-    s.add_worker(1.5, "d1", "dedicated", 4, 0)
-    (moved,) = s.schedule(1.5)  # another worker takes it at once
-    assert moved.worker_id == "d1" and moved.ticket.attempt == 1
-    assert s.abort(2, "d1", "t", 1, reason)
-    s.remove_worker(2, "d1")
-    assert [a.worker_id for a in s.schedule(2 + AVOID_S)] == ["s1"]  # and s1 again once the while is over
 
 
 class SchedulerMachine(RuleBasedStateMachine):

@@ -214,35 +214,6 @@ async def test_hold_time_is_counted_and_sustained_pressure_calls_for_revocation_
     await co.runner.abort_all("shutdown")
 
 
-async def test_a_turn_the_guard_does_not_let_start_in_time_is_given_back_as_held() -> None:
-    """While serving has no slack a waiting turn stays queued; past ``give_back_after_s`` it is given back
-    (``held``) so the controller runs it elsewhere; a turn that started is never given back; 0 turns the rule
-    off."""
-    co, serving, rollout, sent, clock = setup()
-    co.runner.submit(turn("r"))
-    await co.tick(100.0)
-    await asyncio.sleep(0)
-    assert rollout.started == ["r:0"]
-    request = serve(serving, "s", 8)
-    await clock.run_until(lambda: [r.tokens_out for r in serving.live_requests()] == [5])
-    co.runner.submit(turn("w"))  # received at the clock's now; the serving request is stalled on the clock
-    submitted = clock.now()
-    co.give_back_after_s = 0.0
-    verdict = await co.tick(submitted + 5.0)
-    assert not verdict.headroom and [q.key for q in co.runner.queued()] == ["w:0"]  # off: it waits
-    co.give_back_after_s = 1.0
-    await co.tick(submitted + 0.9)
-    assert [q.key for q in co.runner.queued()] == ["w:0"] and not sent  # not yet
-    await co.tick(submitted + 1.1)
-    for _ in range(3):  # the cancelled task replies once it has run
-        await asyncio.sleep(0)
-    assert [(type(m), m.turn_id, m.reason) for m in sent] == [(TurnAborted, "w", "held")]
-    assert co.runner.queued() == [] and co.runner.running() == ["r:0"]  # the running turn stays
-    await serving.abort("s")
-    await request
-    await co.runner.abort_all("shutdown")
-
-
 async def test_the_inactive_engine_releases_its_memory_and_a_turn_or_an_update_wakes_it() -> None:
     """GPU sleep mode on the twin: inactive -> released; a submitted turn restores it before the guard admits
     it; a weight update restores a released engine before it stages and keeps it awake until it is done."""

@@ -78,10 +78,6 @@ class ExecutorConfig(ConfigSection):
     latency_window_s: float = 10.0
     guard_interval_s: float = 0.05
     """The SLO guard's control tick: admission of rollout work and pause/resume of the rollout engine."""
-    hold_give_back_s: float = 1.0
-    """Serving role: a rollout turn the guard has not let start for this long is given back (``TurnAborted``
-    reason ``held``) and the controller runs it elsewhere, so a serving burst holds a step's turns for at most
-    this, not for the guard's whole latency window; 0: never (turns wait for serving's slack)."""
     slo_from_profile: float = 0.0
     """> 0: SLO budgets = this multiple of the profiled serving-alone TTFT/TPOT (replaces slo_*_ms); 0: off."""
     colocated_profile: bool = True
@@ -137,7 +133,6 @@ class ExecutorConfig(ConfigSection):
             admission_margin_ms=self.admission_margin_ms,
             device_memory_bytes=self.device_memory_bytes,
             revoke_after_pressure_s=self.revoke_after_pressure_s,
-            hold_give_back_s=self.hold_give_back_s,
         )
         require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
         require_open_fraction(memory_headroom_fraction=self.memory_headroom_fraction)

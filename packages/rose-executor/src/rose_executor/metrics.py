@@ -29,7 +29,7 @@ ROLLOUT_TURNS = Counter(
     "Rollout turns handled, by outcome (aborts carry their reason: memory, weight_update, shutdown, ...).",
     ["outcome"],
 )
-for _outcome in ("ok", "version", "capacity", "memory", "held", "weight_update", "shutdown", "engine_error", "cancelled"):
+for _outcome in ("ok", "version", "capacity", "memory", "weight_update", "shutdown", "engine_error", "cancelled"):
     ROLLOUT_TURNS.labels(_outcome)
 ROLLOUT_TOKENS = Counter(
     "rose_executor_rollout_tokens_total",

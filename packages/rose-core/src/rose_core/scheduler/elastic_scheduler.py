@@ -43,12 +43,11 @@ from rose_core.scheduler.worker_state import Pool, WorkerState
 
 Verdict = Literal["accepted", "late", "duplicate", "unknown"]
 _STILL_RUNNING = frozenset({"stalled", "revoked", "overdue"})
-"""Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
-_NO_ROOM = frozenset({"memory", "capacity", "held"})
-"""Abort reasons that say the worker had no room for this turn (``held``: its guard did not let it start in
-time): it avoids that worker for ``AVOID_S``."""
+_NO_ROOM = frozenset({"memory", "capacity"})
+"""Abort reasons that say the worker had no room for this turn: it avoids that worker for ``AVOID_S``."""
 AVOID_S = 2.0
 """How long a turn refused for lack of room keeps off the worker that refused it (about a heartbeat)."""
+"""Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -86,8 +86,6 @@ class CoServing:
         self.on_sustained_pressure: Callable[[float], None] | None = None
         """Called once (with the seconds) when serving went ``revoke_after_s`` without headroom."""
         self.revoke_after_s = 0.0
-        self.give_back_after_s = 0.0
-        """Turns the guard has not let start for this long are given back (``held``); 0: never."""
         self.released = False
         """The inactive rollout engine's memory is released (GPU sleep mode; never on CPU)."""
         self.keep_memory: Callable[[], bool] = lambda: False
@@ -113,7 +111,6 @@ class CoServing:
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
         co_serving = cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
         co_serving.revoke_after_s = config.revoke_after_pressure_s
-        co_serving.give_back_after_s = config.hold_give_back_s
         return co_serving
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
@@ -178,9 +175,6 @@ class CoServing:
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
         await self._apply(verdict)
-        if self.give_back_after_s > 0 and (given := self.runner.give_back_waiting(now, self.give_back_after_s)):
-            log.info("gave back %d rollout turns not let start for %.1f s (serving has no slack to lend)", given,
-                     self.give_back_after_s)
         if not self.active:
             await self._release()
         return verdict

@@ -138,13 +138,6 @@ class RolloutRunner:
             self._abort_turn(turn, reason)
         return len(turns)
 
-    def give_back_waiting(self, now: float, longer_than_s: float, reason: str = "held") -> int:
-        """Give back (``reason``) the turns that have waited for the guard longer than ``longer_than_s`` at
-        ``now`` (this runner's clock) without starting; returns how many."""
-        keys = [t.key for t in self._turns.values()
-                if not t.released.is_set() and not t.abort_reason and now - t.received_at > longer_than_s]
-        return self.abort_keys(keys, reason)
-
     def refuse(self, reason: str) -> None:
         """Give every new turn back with ``reason`` until ``admit()``."""
         self._refusal = reason
