@@ -268,10 +268,7 @@ class RolloutRunner:
             prompt = np.asarray(req.prompt_token_ids).astype(np.int64).tolist()
             out = await self.engine.generate(request_id, prompt, req.sampling)
         except asyncio.CancelledError:
-            if turn.abort_reason:
-                self._reply_aborted(req, turn.abort_reason)
-            elif turn.started_at is not None:
-                self._check_cancelled(f"{req.turn_id}:{req.attempt}")
+            self._end_cancelled(turn)
             return
         except Exception as exc:
             log.warning("turn %s failed on the engine: %s", req.turn_id, exc)
@@ -294,8 +291,13 @@ class RolloutRunner:
             return  # ``_run`` finished it
         del self._turns[(req.turn_id, req.attempt)]
         self._update_gauges()
+        self._end_cancelled(turn)
+
+    def _end_cancelled(self, turn: _Turn) -> None:
+        """A cancelled turn's one ending: given back by this runner, its reply; cancelled by the controller
+        once it had started, the check that the engine let go of it."""
         if turn.abort_reason:
-            self._reply_aborted(req, turn.abort_reason)
+            self._reply_aborted(turn.request, turn.abort_reason)
         elif turn.started_at is not None:
             self._check_cancelled(turn.key)
 
