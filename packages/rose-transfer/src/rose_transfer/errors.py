@@ -12,6 +12,11 @@ class TransferError(RoseError):
     """A weight version could not be moved; nothing of it was applied."""
 
 
+class BucketRefused(TransferError):
+    """One bucket failed its signature or checksum more often than allowed from one source. Through a relay,
+    the fetcher takes the version from the source instead (a relay may serve forged or damaged bytes)."""
+
+
 class BucketCorrupt(Exception):
     """One received bucket failed its signature or checksum; the fetcher pulls it again."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rose_core.messages import ShardView, WeightAnnounce, WeightManifest
-from rose_transfer.errors import TransferError
+from rose_transfer.errors import BucketRefused
 from rose_transfer.fetch.held_bases import BaseFile
 from rose_transfer.fetch.partial_file import PartialFile
 
@@ -53,7 +53,7 @@ class FetchProgress:
         count = self.retries[index] = self.retries.get(index, 0) + 1
         self.dense_only.add(index)  # a patch may have met a diverged base: the retry is dense
         if count > self.max_bucket_retries:
-            raise TransferError(
+            raise BucketRefused(
                 f"bucket {index} of weight version {self.version} failed {count} times ({reason}): "
                 "the publisher's copy is corrupt or the link corrupts data; republish or check the network"
             )

@@ -25,7 +25,7 @@ from rose_core.errors import ConfigError, ProtocolError
 from rose_core.messages import ShardView, WeightAnnounce
 from rose_core.metrics import REJECTED_MESSAGES
 from rose_transfer.codec.patch_positions import changed_offsets
-from rose_transfer.errors import TransferError, UntrustedNotice
+from rose_transfer.errors import BucketRefused, TransferError, UntrustedNotice
 from rose_transfer.fetch.bucket_buffers import BucketBuffers
 from rose_transfer.fetch.bucket_sink import BucketSink
 from rose_transfer.fetch.fetch_progress import FetchProgress
@@ -232,14 +232,18 @@ class WeightFetcher:
                 if len(progress.sources) > 1:  # still on the relay: it served this version
                     self.relays.succeeded(progress.source)
                 return
+            except BucketRefused as exc:
+                if len(progress.sources) == 1:
+                    raise
+                self._leave_relay(progress, exc)  # what it served and passed its checksum is kept
+                progress.retries.clear()
+                failures = 0
             except (OSError, TimeoutError, ProtocolError) as exc:
                 if isinstance(exc, ProtocolError):
                     REJECTED_MESSAGES.labels(exc.reason).inc()
                 failures = 0 if len(progress.done) > done_before else failures + 1
                 if len(progress.sources) > 1 and failures > self.relay_reconnects:
-                    log.warning("relay %s failed (%s); pulling from the source", progress.source, _describe(exc))
-                    backoff = self.relays.failed(progress.sources.pop(0), self._clock())
-                    log.info("the next versions skip that relay for %.0f s", backoff)
+                    self._leave_relay(progress, exc)
                     failures = 0
                     continue
                 if failures > self.max_reconnects:
@@ -253,6 +257,11 @@ class WeightFetcher:
                 log.warning("weight fetch of version %d interrupted (%s); resuming", progress.version, _describe(exc))
                 RECONNECTS.inc()
                 await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+
+    def _leave_relay(self, progress: FetchProgress, exc: BaseException) -> None:
+        log.warning("relay %s failed (%s); pulling from the source", progress.source, _describe(exc))
+        backoff = self.relays.failed(progress.sources.pop(0), self._clock())
+        log.info("the next versions skip that relay for %.0f s", backoff)
 
     async def _fetch_on_one_connection(self, progress: FetchProgress, sink: BucketSink) -> None:
         announce = progress.announce

@@ -2,8 +2,15 @@
 
 Tensors sit in the stream in the order given, each at an offset aligned to ``ALIGN`` bytes (padding is
 zero), so a receiver can view every tensor in place from a memory-mapped file. The stream is cut into
-buckets of ``bucket_bytes`` (the last one shorter), each with an xxh3-64 checksum. The manifest digest
-covers the version, the layout and the bucket checksums, not how buckets travel (their encoding).
+buckets of ``bucket_bytes`` (the last one shorter), each with a BLAKE3-256 checksum. The manifest digest
+(BLAKE3-256 too) covers the version, the layout and the bucket checksums, not how buckets travel (their
+encoding).
+
+Both hashes are cryptographic (decision 724): the controller's signed announce carries the digest, so a
+receiver that checks its manifest against the announce and every bucket against the manifest holds the
+trainer's bytes, whoever served them. A relay or any other holder of the weights key can fail a fetch
+but cannot make a forged bucket pass (with xxh3, a non-cryptographic hash, colliding buckets can be
+built: ``tests/transfer/test_forged_buckets.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import msgspec
 import numpy as np
-import xxhash
 
 from rose_core.errors import RoseError
 from rose_core.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
@@ -40,13 +47,13 @@ class FlatVersion:
 
 
 def bucket_checksum(data: Any) -> str:
-    """xxh3-64 of a bucket (about 2.5x faster than xxh64 here: 37 vs 14 GB/s on one core)."""
-    return xxhash.xxh3_64_hexdigest(data)
+    """BLAKE3-256 of a bucket, hex (one core here: 3.7 GB/s, xxh3-64 13.6; docs/benchmarks.md)."""
+    return str(blake3.blake3(data).hexdigest())
 
 
 def checksum_stream() -> Any:
     """A ``bucket_checksum`` fed piece by piece (``update``), read with ``hexdigest()``."""
-    return xxhash.xxh3_64()
+    return blake3.blake3()
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -185,7 +192,7 @@ def digested_manifest(
 
 
 def manifest_digest(manifest: WeightManifest) -> str:
-    """xxh3-128 over the version, the tensor layout and the bucket checksums (fields a receiver checks)."""
+    """BLAKE3-256 over the version, the tensor layout and the bucket checksums (fields a receiver checks)."""
     content = (
         manifest.version,
         manifest.total_bytes,
@@ -194,7 +201,7 @@ def manifest_digest(manifest: WeightManifest) -> str:
         [(b.index, b.offset, b.nbytes, b.checksum) for b in manifest.buckets],
         *((manifest.view.tp, manifest.view.rank, manifest.source_digest) if manifest.view else ()),
     )
-    return xxhash.xxh3_128_hexdigest(msgspec.msgpack.encode(content))
+    return str(blake3.blake3(msgspec.msgpack.encode(content)).hexdigest())
 
 
 def tensor_views(stream: Any, entries: list[TensorEntry]) -> dict[str, np.ndarray]:
