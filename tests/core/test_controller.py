@@ -449,3 +449,38 @@ def test_a_turn_held_past_the_timeout_on_a_live_executor_is_rerouted_and_cancell
             assert ctl.scheduler.counters["rerouted_overdue"] == 1
     finally:
         ctl.close()
+
+
+def test_turns_held_back_on_a_borrowed_executor_move_to_a_dedicated_one_with_room(clock: FakeClock) -> None:
+    """The serving executor's heartbeats say its guard holds two turns; once the dedicated executor has room
+    (one slot) and the hold lasted ``move_held_after_s``, the newest held turn moves there and is cancelled
+    on the serving executor; the other stays."""
+    got: dict[str, list[m.FromController]] = {"d1": [], "s1": []}
+    cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0),
+                    scheduler=SchedulerConfig(borrow_after_s=0.0, move_held_after_s=1.0))
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
+    try:
+        with join(ctl, "d1", capacity=1, on_message=lambda _p, msg: got["d1"].append(msg)) as d1, \
+                join(ctl, "s1", role="serving", on_message=lambda _p, msg: got["s1"].append(msg)) as s1:
+            beat(s1, "s1")
+            ctl.open_borrowing()
+            for i in (1, 2, 3):
+                ctl.submit_turn(turn(i))
+                clock.now += 0.1
+                ctl.pump(0)
+            assert [ctl.scheduler.where(f"t{i}") for i in (1, 2, 3)] == ["d1", "s1", "s1"]
+            beat(s1, "s1", seq=2, rollout_held=2)
+            ctl.pump(0)
+            (first,) = [msg for msg in got["d1"] if isinstance(msg, m.TurnRequest)]
+            d1.send(result(first, "d1"))  # the dedicated executor has room now
+            clock.now += 0.5
+            ctl.pump(0)
+            assert ctl.scheduler.where("t3") == "s1"  # held for 0.5 s only
+            clock.now += 0.6
+            beat(s1, "s1", seq=3, rollout_held=2)
+            ctl.pump(0)
+            assert [(c.turn_id, c.attempt) for c in got["s1"] if isinstance(c, m.CancelTurn)] == [("t3", 0)]
+            assert [(r.turn_id, r.attempt) for r in got["d1"] if isinstance(r, m.TurnRequest)][-1] == ("t3", 1)
+            assert ctl.scheduler.where("t2") == "s1" and ctl.stats.held_moved == 1
+    finally:
+        ctl.close()

@@ -134,9 +134,57 @@ def test_requeued_turns_keep_their_place() -> None:
     assert s.schedule(8) == [] and [a.ticket.turn_id for a in s.schedule(7 + 2.0)] == ["old"]
 
 
+def _held_on_serving(held: int, dedicated_capacity: int) -> ElasticScheduler:
+    """A borrowed serving worker running t0..t3 (assigned in that order), a dedicated worker with
+    ``dedicated_capacity`` slots that joins afterwards (idle), and a heartbeat at t=1 saying ``held`` are held."""
+    s = ElasticScheduler()
+    s.add_worker(0, "s1", "serving", 4, 0)
+    s.borrow([("s1", 0.0)])
+    for i in range(4):
+        s.submit(i * 0.1, ticket(f"t{i}", f"x{i}", now=i * 0.1))
+        s.schedule(i * 0.1)
+    s.add_worker(0.5, "d1", "dedicated", dedicated_capacity, 0)
+    s.observe(1.0, "s1", weight_version=0, held=held)
+    return s
+
+
+def test_held_turns_move_to_a_dedicated_worker_with_room_newest_first_and_are_cancelled() -> None:
+    s = _held_on_serving(held=2, dedicated_capacity=4)
+    assert s.find_held(1.5, 1.0) == []  # not held long enough yet
+    s.observe(1.9, "s1", weight_version=0, held=2)  # still holding: the clock runs from the first report
+    moved = s.find_held(2.0, 1.0)
+    assert [(wid, t.turn_id, t.attempt) for wid, t in moved] == [("s1", "t3", 1), ("s1", "t2", 1)]
+    assert sorted((c.worker_id, c.turn_id, c.attempt) for c in s.take_cancellations()) == [
+        ("s1", "t2", 0), ("s1", "t3", 0)]
+    placed = s.schedule(2.0)
+    assert sorted((a.ticket.turn_id, a.worker_id) for a in placed) == [("t2", "d1"), ("t3", "d1")]
+    assert s.counters["rerouted_held"] == 2
+    assert s.find_held(2.5, 1.0) == []  # the two it still runs are not held
+
+
+def test_held_turns_stay_while_no_dedicated_worker_has_room_or_holds_their_version() -> None:
+    full = _held_on_serving(held=3, dedicated_capacity=1)
+    full.submit(0.6, ticket("busy", "y", now=0.6))
+    assert [a.worker_id for a in full.schedule(0.6)] == ["d1"]  # the dedicated worker is full now
+    assert full.find_held(5.0, 1.0) == [] and full.take_cancellations() == []
+    behind = _held_on_serving(held=3, dedicated_capacity=4)
+    behind.observe(1.0, "d1", weight_version=1)  # holds another version than the turns' window
+    assert behind.find_held(5.0, 1.0) == []
+    partial = _held_on_serving(held=3, dedicated_capacity=1)
+    assert [t.turn_id for _, t in partial.find_held(5.0, 1.0)] == ["t3"]  # as many as there is room for
+
+
+def test_a_worker_that_stopped_holding_keeps_its_turns() -> None:
+    s = _held_on_serving(held=2, dedicated_capacity=4)
+    s.observe(1.5, "s1", weight_version=0, held=0)  # serving's slack came back: the guard released them
+    s.observe(1.8, "s1", weight_version=0, held=1)  # a new hold starts the clock again
+    assert s.find_held(2.5, 1.0) == []
+    assert [t.turn_id for _, t in s.find_held(2.9, 1.0)] == ["t3"]
+
+
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random joins, stalls, aborts, results, revocations, re-lending and turn timeouts: nothing lost, nothing
-    accepted twice."""
+    """Random joins, stalls, aborts, results, revocations, re-lending, turn timeouts and held turns moved: nothing
+    lost, nothing accepted twice."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,7 +235,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.abort(self.now, wid, tid, tk.attempt, "memory")
 
     @precondition(lambda self: bool(self.s.workers))
-    @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "lend_again", "overdue", "heartbeat"]))
+    @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "lend_again", "overdue", "heartbeat", "held"]))
     def disturb(self, data: st.DataObject, how: str) -> None:
         wid = data.draw(st.sampled_from(sorted(self.s.workers)))
         if how == "stall":
@@ -206,6 +254,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif how == "overdue":
             self.now += 0.5
             self.s.find_overdue(self.now, 0.3)
+        elif how == "held":
+            self.s.observe(self.now, wid, weight_version=0, held=data.draw(st.integers(0, 3)))
+            self.now += 0.5
+            self.s.find_held(self.now, 0.3)
         else:
             self.s.observe(self.now, wid, weight_version=0)
 
@@ -247,3 +299,12 @@ def test_only_reroutes_from_workers_that_may_still_run_them_are_cancelled() -> N
     expected = sorted((wid, t, 0) for wid in stalled for t in by_worker.get(wid, []))
     assert sorted((c.worker_id, c.turn_id, c.attempt) for c in s.take_cancellations()) == expected
     assert s.take_cancellations() == []
+
+
+def test_queued_turns_take_the_dedicated_room_before_held_ones_move() -> None:
+    s = _held_on_serving(held=2, dedicated_capacity=2)
+    s.submit(0.6, ticket("waiting", "y", now=0.6))
+    assert [t.turn_id for _, t in s.find_held(5.0, 1.0)] == ["t3"]  # two free slots, one queued turn: one moves
+    s2 = _held_on_serving(held=2, dedicated_capacity=1)
+    s2.submit(0.6, ticket("waiting", "y", now=0.6))
+    assert s2.find_held(5.0, 1.0) == []

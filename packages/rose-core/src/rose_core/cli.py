@@ -185,7 +185,7 @@ def _print_summary(data: dict[str, Any], report_path: str | None, sync_line: str
     click.echo(
         f"\nok={data['ok']}  lost_trajectories={data['lost_trajectories']}  "
         f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']} "
-        f"(overdue {data['turns_overdue']})  "
+        f"(overdue {data['turns_overdue']}, held moved {data['turns_held_moved']})  "
         f"serving requests={data['serving_requests']} (failed {data['serving_failed_requests']}, "
         f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
         f"TPOT<={data['slo_tpot_ms']:.0f}ms)"

@@ -86,10 +86,14 @@ class SchedulerConfig(ConfigSection):
     borrow_after_s: float = 2.0
     """Once the job starts (or a serving executor joins a running job), its load is watched this long before
     it may be borrowed; then the serving executors with the lowest KV use are borrowed first."""
+    move_held_after_s: float = 1.0
+    """A borrowed serving executor whose heartbeats have said for this long that its guard holds turns back
+    gives those turns to dedicated executors with room: re-routed and cancelled there (``held``). 0: never;
+    they wait for serving's slack (up to the guard's latency window)."""
 
     def __post_init__(self) -> None:
         require_positive(max_concurrency_per_worker=self.max_concurrency_per_worker, queue_scan_limit=self.queue_scan_limit)
-        require_non_negative(borrow_after_s=self.borrow_after_s)
+        require_non_negative(borrow_after_s=self.borrow_after_s, move_held_after_s=self.move_held_after_s)
         require_non_negative(staleness=self.staleness, max_borrowed_workers=self.max_borrowed_workers)
 
 

@@ -73,6 +73,9 @@ class ControllerStats:
     reroutes: int = 0
     overdue: int = 0
     """Turns re-routed because they ran over ``turn_timeout_s`` on an executor that still heartbeats."""
+    held_moved: int = 0
+    """Turns a borrowed serving executor's guard held back, moved to dedicated executors with room
+    (``scheduler.move_held_after_s``)."""
     turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prompt_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prefix_hit_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
@@ -159,6 +162,7 @@ class Controller:
             metrics.TURNS_REROUTED.labels("overdue").inc()
             log.warning("turn %s ran over %.0f s on %s (it still heartbeats); re-routed and cancelled there",
                         ticket.turn_id, timeout, worker_id)
+        self._move_held_turns(now)
         if self._borrow_from is not None:
             self._borrow_by_load(now)
         for cancel in self.scheduler.take_cancellations():
@@ -175,6 +179,15 @@ class Controller:
             self.publish_status(now)
         metrics.QUEUED_TURNS.set(len(self.scheduler.queue))
         metrics.RUNNING_TURNS.set(self.scheduler.running)
+
+    def _move_held_turns(self, now: float) -> None:
+        after = self.config.scheduler.move_held_after_s
+        for worker_id, ticket in self.scheduler.find_held(now, after) if after > 0 else ():
+            self.stats.reroutes += 1
+            self.stats.held_moved += 1
+            metrics.TURNS_REROUTED.labels("held").inc()
+            log.info("turn %s held back on %s for over %.1f s while a dedicated executor has room: moved there "
+                     "and cancelled on %s", ticket.turn_id, worker_id, after, worker_id)
 
     def open_borrowing(self) -> None:
         """The job starts: from now on serving executors are borrowed, lowest KV use first, each once its

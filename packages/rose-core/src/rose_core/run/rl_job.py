@@ -86,6 +86,8 @@ class StepReport:
     turns_rerouted: int = 0
     turns_overdue: int = 0
     """Of those, turns that ran over ``controller.turn_timeout_s`` on an executor that still heartbeats."""
+    turns_held_moved: int = 0
+    """Of those, turns a borrowed serving executor held back, moved to a dedicated one with room."""
     lost_trajectories: int = 0
     version_mismatches: int = 0
     published_version: int = 0
@@ -188,8 +190,8 @@ class RLJob:
 
     def run_step(self, step: int) -> StepReport:
         started = time.monotonic()
-        reroutes_before, overdue_before = self.controller.stats.reroutes, self.controller.stats.overdue
         stats = self.controller.stats
+        moved_before = (stats.reroutes, stats.overdue, stats.held_moved)
         self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
         self.controller.open_borrowing()
         rollout, self._next = self._next or self._start_rollout(step), None
@@ -210,8 +212,9 @@ class RLJob:
         for phase, secs in (("rollout", rollout_s), ("train", train_s), ("weight_sync", sync_s)):
             STEP_SECONDS.labels(phase).observe(secs)
         report = self._report(rollout, everything, rollout_s, train_s, sync_s, sync_bytes, (started, ended))
-        report.turns_rerouted = self.controller.stats.reroutes - reroutes_before
-        report.turns_overdue = self.controller.stats.overdue - overdue_before
+        report.turns_rerouted, report.turns_overdue, report.turns_held_moved = (
+            now - before for now, before in zip((stats.reroutes, stats.overdue, stats.held_moved), moved_before, strict=True)
+        )
         report.train = _train_figures(train_stats)
         report.train_loss = float(report.train.get("loss") or 0.0)
         report.max_staleness = max((self.version - 1 - t.weight_version for tr in trained for t in tr.turns), default=0)

@@ -20,6 +20,8 @@ class RunReport:
     turns_rerouted: int = 0
     turns_overdue: int = 0
     """Turns re-routed after running over ``controller.turn_timeout_s`` (summed over steps)."""
+    turns_held_moved: int = 0
+    """Turns held back on a borrowed serving executor and moved to a dedicated one (summed over steps)."""
     serving_requests: int = 0
     serving_failed_requests: int = 0
     serving_slo_violations: int = 0
@@ -50,6 +52,7 @@ class RunReport:
         self.weight_digest_mismatches += step.sync_breakdown.digest_mismatches
         self.turns_rerouted += step.turns_rerouted
         self.turns_overdue += step.turns_overdue
+        self.turns_held_moved += step.turns_held_moved
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in self.__slots__}

@@ -18,6 +18,13 @@ where it finishes sooner, prefix or not. Otherwise the warm prefix wins. The rev
 a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
 serving load, which the scheduler does not model.
 
+Held turns (``find_held``): turns that a borrowed serving worker's guard holds back (its heartbeats have said
+so for ``move_held_after_s``) move to dedicated workers with room, newest first (the guard releases in
+order, so the newest are the ones not started), as many as it holds and the dedicated pool can take: each is
+re-routed, avoids that worker for ``AVOID_S`` and is cancelled there. Queued turns take the dedicated room
+first (none moves while as many wait). A serving burst then costs a step nothing while the dedicated pool has
+room, instead of holding its turns for the guard's latency window.
+
 Turn timeout (``find_overdue``): a turn assigned longer than the bound to a worker that still heartbeats
 (held by its guard, or stuck) is re-routed and cancelled there, like the turns of a stalled worker.
 
@@ -152,6 +159,10 @@ class ElasticScheduler:
         worker.budget_frozen = budget_frozen
         worker.kv_usage_ratio = kv_usage_ratio
         worker.held = held
+        if held == 0:
+            worker.held_since = None
+        elif worker.held_since is None:
+            worker.held_since = now
         if warm_trajectories is not None:
             worker.warm = set(warm_trajectories)
         self._index.refile(worker)
@@ -178,6 +189,43 @@ class ElasticScheduler:
             ticket = self._requeue(turn_id, "rerouted_overdue")
             self._cancellations.append(Cancellation(worker_id, turn_id, ticket.attempt - 1))
             moved.append((worker_id, ticket))
+        return moved
+
+    def find_held(self, now: float, after_s: float) -> list[tuple[str, TurnTicket]]:
+        """Turns held back on borrowed serving workers (held for ``after_s``) moved to dedicated workers with
+        room (see the module docstring). Returns ``(old worker, re-queued ticket)``."""
+        room = {w.worker_id: w.capacity - w.load for w in self.workers.values()
+                if w.pool == "dedicated" and w.usable()}
+        spare = sum(room.values()) - len(self.queue)  # queued turns take the dedicated room first
+        moved: list[tuple[str, TurnTicket]] = []
+        for worker in self.workers.values():
+            if spare - len(moved) <= 0:
+                break
+            if worker.pool == "serving" and worker.held_since is not None and now - worker.held_since >= after_s:
+                moved += self._move_held(now, worker, room, spare - len(moved))
+        return moved
+
+    def _move_held(
+        self, now: float, worker: WorkerState, room: dict[str, int], limit: int
+    ) -> list[tuple[str, TurnTicket]]:
+        """Up to ``limit`` of ``worker``'s newest ``worker.held`` turns, each to a dedicated worker with ``room``
+        (taken from it)."""
+        moved = []
+        newest = sorted(worker.in_flight, key=lambda t: self._assigned_at.get(t, 0.0), reverse=True)
+        for turn_id in newest[: min(worker.held, limit)]:
+            ticket = self._running[turn_id][1]
+            target = next((wid for wid, free in room.items()
+                           if free > 0 and self.workers[wid].holds(ticket.min_version, ticket.max_version)), None)
+            if target is None:
+                continue
+            room[target] -= 1
+            self._requeue(turn_id, "rerouted_held")
+            ticket.avoid, ticket.avoid_until = worker.worker_id, now + AVOID_S
+            self._cancellations.append(Cancellation(worker.worker_id, turn_id, ticket.attempt - 1))
+            moved.append((worker.worker_id, ticket))
+        if moved:  # what it holds now comes with a later heartbeat: wait ``after_s`` again before moving more
+            worker.held = max(0, worker.held - len(moved))
+            worker.held_since = now if worker.held else None
         return moved
 
     def remove_worker(self, now: float, worker_id: str, reason: str = "gone") -> list[TurnTicket]:

@@ -26,6 +26,8 @@ class WorkerState:
     kv_usage_ratio: float = 0.0
     held: int = 0
     """Turns it holds back (its SLO guard has not released them), as its last heartbeat said."""
+    held_since: float | None = None
+    """Since when its heartbeats have said it holds turns back without a break (None: it holds none)."""
     warm: set[str] = field(default_factory=set)
     """Trajectories whose prefix KV it holds: its heartbeat's ``warm_trajectories``, plus every trajectory
     whose turn finished here since."""
