@@ -102,6 +102,20 @@ async def test_a_turn_given_back_before_its_task_first_ran_still_gets_its_reply(
     assert replies(sent, "c1") == [] and runner.in_flight == 0 and runner.cancelled_total == 1
 
 
+async def test_a_cancelled_turn_still_waiting_for_the_guard_ends_counted_and_never_reaches_the_engine() -> None:
+    """What the controller does to a held turn it moves to a dedicated executor (decision 823)."""
+    clock, sent = VirtualClock(50.0), []
+    engine = FakeEngine(MODEL, clock)
+    runner = RolloutRunner(engine, "ex", 2, sent.append, clock=clock.now, guarded=True)
+    runner.submit(turn("h1"))
+    await clock.advance(0.5)  # no guard here releases it: it waits, as behind a serving burst
+    assert runner.in_flight == 1 and engine.live_requests() == []
+    assert runner.cancel("h1", 0)
+    await clock.advance(0.01)
+    assert replies(sent, "h1") == [] and runner.in_flight == 0
+    assert (runner.cancelled_total, runner.cancelled_still_running) == (1, 0) and engine.aborted == []
+
+
 async def test_a_revoked_runner_gives_every_turn_back_and_refuses_new_ones_for_good() -> None:
     runner, _engine, clock, sent = setup()
     runner.submit(turn("r1", max_tokens=900))

@@ -295,11 +295,15 @@ class RolloutRunner:
 
     def _end_cancelled(self, turn: _Turn) -> None:
         """A cancelled turn's one ending: given back by this runner, its reply; cancelled by the controller
-        once it had started, the check that the engine let go of it."""
+        once it had started, the check that the engine let go of it; before (still waiting for the guard, e.g.
+        a held turn the controller moved to a dedicated executor), only the count."""
         if turn.abort_reason:
             self._reply_aborted(turn.request, turn.abort_reason)
         elif turn.started_at is not None:
             self._check_cancelled(turn.key)
+        else:
+            self.cancelled_total += 1
+            log.info("cancelled turn %s before it started (re-routed by the controller)", turn.key)
 
     def _check_cancelled(self, request_id: str) -> None:
         """A cancelled turn has stopped: the engine must hold no request for it any more."""
