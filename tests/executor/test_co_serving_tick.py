@@ -72,11 +72,13 @@ async def test_admit_hold_within_one_tick_and_resume() -> None:
     held = await co.tick(100.05)  # over 50 ms after the last serving token: TPOT slack gone
     assert not held.run_rollout and rollout.calls == ["pause(keep=True)"] and co.runner.held
     assert [q.key for q in co.runner.queued()] == ["b:0"]
+    assert co.held_turns() == 2  # the heartbeat's rollout_held: b waits, a is paused in the engine
     await serving.abort("s")
     await request
     await co.tick(100.1)
     await asyncio.sleep(0)
     assert rollout.calls == ["pause(keep=True)", "resume"] and rollout.started == ["a:0", "b:0"]
+    assert co.held_turns() == 0
     await co.runner.abort_all("shutdown")
 
 

@@ -1,11 +1,17 @@
-"""`rose run` (the demo's defaults: one dedicated and one borrowed serving executor, bursty production traffic)
-with extra production bursts on the serving executor: turns its guard holds back move to the dedicated executor
-once it has room (`scheduler.move_held_after_s`, on by default) and are cancelled on the serving executor, whose
-engine never started them. Nothing is lost or counted twice. Real vLLM CPU engines, real sockets, real traffic.
+"""`rose run` with one dedicated and one borrowed serving executor: a production request arrives while rollout
+turns run on the serving executor, its guard pauses them (the run's serving SLO is 1 us, so any serving
+request leaves no slack), its heartbeats report them held, and the controller moves them to the dedicated
+executor once it has room (`scheduler.move_held_after_s`, on by default) and cancels them on the serving
+executor, whose paused engine lets go of them. Nothing is lost or counted twice. Real vLLM CPU engines, real
+sockets, real traffic.
 
-Whether the guard holds a turn while the dedicated executor has room is timing: in three 30-step runs of the
-demo (`benchmarks/held_turns.py`, docs/benchmarks.md) 8-12 turns moved per run. Here each step also gets a
-short burst once turns run on the serving executor, until the first move is logged; the run has 16 steps."""
+No built-in traffic (`[load] enabled = false`): under a 1 us SLO it would keep the serving executor without
+headroom, so no turn would be routed there; and a 2 s latency window, so the p99 feedback lets turns be routed
+there again soon after a request. The request (two of them, 400 tokens each, seconds on CPU) is sent once
+turns run on the serving executor, and again whenever they ended before it arrived, until the first move is
+logged (a 30-step run that kept sending it: 14 of 19 requests led to a move). Before paused turns counted as
+held, only turns routed there in the heartbeat's lag after a burst began could move, and a CI run of the
+earlier form of this test saw none in 16 steps (decision 823)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import pytest
 from .rose_run_support import LiveRun, metric
 from .test_rose_run_faults import burst, served_model
 
-STEPS = 16
+STEPS = 20
 MOVED = r"held back on serving-0 for over [\d.]+ s while a dedicated executor has room: moved there"
 CONFIG = """
 models_dir = "{work}/models"
@@ -25,13 +31,21 @@ run_dir = "{work}/run"
 
 [rl]
 eval_every = 0
+
+[load]
+enabled = false
+
+[executors.serving_overrides]
+slo_from_profile = 0
+slo_ttft_ms = 0.001
+slo_tpot_ms = 0.001
+latency_window_s = 2.0
 """
 
 
 def _turns_on(serving: str) -> bool:
     try:
-        return (metric(serving, "rose_executor_rollout_tokens_admitted") > 0
-                or metric(serving, "rose_executor_rollout_tokens_held") > 0)
+        return metric(serving, "rose_executor_rollout_tokens_admitted") > 0
     except OSError:  # the run (and this endpoint) ended, or a poll met a reset connection
         return False
 
@@ -44,13 +58,11 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         serving = run.logged("serving-0", r"metrics on (\S+)")
         endpoint = run.logged("serving-0", r"OpenAI-compatible API on (\S+)")
         model = served_model(endpoint)
-        bursted = 0
         while run.rows_so_far() < STEPS - 2 and not run.log_has(MOVED) and run.proc.poll() is None:
-            if bursted == run.rows_so_far() or not _turns_on(serving):  # one burst per step, while turns run there
-                time.sleep(0.005)
+            if not _turns_on(serving):
+                time.sleep(0.002)
                 continue
-            bursted = run.rows_so_far()
-            statuses = burst(endpoint, model, requests=6, max_tokens=120)
+            statuses = burst(endpoint, model, requests=2, max_tokens=400)
             assert statuses == [200] * len(statuses) or run.proc.poll() is not None, statuses
         return run.finish()
 

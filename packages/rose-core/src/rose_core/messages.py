@@ -101,7 +101,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     warm_trajectories: list[str] = []
     state: str = "ready"
     rollout_held: int = 0
-    """Rollout turns the SLO guard holds back (submitted, not released to the engine)."""
+    """Rollout turns the SLO guard holds back: submitted and not released to the engine, or running in an
+    engine the guard has paused."""
     rollout_budget_bytes: int = 0
     """The serving-first memory budget for rollout KV (0: the executor has none: dedicated)."""
     emergency_cuts_total: int = 0

@@ -418,7 +418,7 @@ class ExecutorAgent:
             weight_version=runner.weight_version if runner else -1,
             warm_trajectories=runner.warm.ids(time.monotonic()) if runner else [],
             state=self._state(),
-            rollout_held=len(runner.queued()) if runner else 0,
+            rollout_held=self._held_turns(),
             rollout_aborted_total=runner.aborted_total if runner else 0,
             prefix_hit_ratio=runner.prefix_hit_rate if runner else 0.0,
             revoked=runner.revoked if runner else False,
@@ -444,6 +444,11 @@ class ExecutorAgent:
             report.serving_slo_violations_total = self._monitor.violations_total
             report.slo_headroom = self._co_serving.headroom if self._co_serving else self._monitor.has_headroom()
         return report
+
+    def _held_turns(self) -> int:
+        if self._co_serving is not None:
+            return self._co_serving.held_turns()
+        return len(self._runner.queued()) if self._runner is not None else 0
 
     def _state(self) -> str:
         if self._stop.is_set():

@@ -18,9 +18,10 @@ where it finishes sooner, prefix or not. Otherwise the warm prefix wins. The rev
 a busy dedicated worker onto an idle borrowed one) is not made: a borrowed GPU's speed depends on its
 serving load, which the scheduler does not model.
 
-Held turns (``find_held``): turns that a borrowed serving worker's guard holds back (its heartbeats have said
-so for ``move_held_after_s``) move to dedicated workers with room, newest first (the guard releases in
-order, so the newest are the ones not started), as many as it holds and the dedicated pool can take: each is
+Held turns (``find_held``): turns that a borrowed serving worker's guard holds back, waiting to start or
+running in the engine it paused (its heartbeats have said so for ``move_held_after_s``), move to dedicated
+workers with room, newest first (the guard releases in order, so the newest are the ones not started, or
+the paused ones that generated least), as many as it holds and the dedicated pool can take: each is
 re-routed, avoids that worker for ``AVOID_S`` and is cancelled there. Queued turns take the dedicated room
 first (none moves while as many wait). A serving burst then costs a step nothing while the dedicated pool has
 room, instead of holding its turns for the guard's latency window.

@@ -145,6 +145,12 @@ class CoServing:
         finally:
             timer.cancel()
 
+    def held_turns(self) -> int:
+        """Rollout turns the guard holds back (the heartbeat's ``rollout_held``): those waiting for it to start
+        them and, while it pauses the rollout engine, those running (decision 823: the controller may move them
+        to a dedicated executor with room)."""
+        return len(self.runner.queued()) + (len(self.runner.running()) if self.paused else 0)
+
     def serving_requests(self) -> list[LiveRequest]:
         """The serving engine's production requests in flight (not the executor's own ``rose-`` probes)."""
         return [r for r in self.serving.live_requests() if not r.request_id.startswith("rose-")]
