@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_new": timed(lambda: codec.decode(old, patch), args.runs),
         "copy": timed(lambda: dst.copy_(new), args.runs),
     }
+    by_block = sweep_blocks(codec, old, new, naive_pos, args) if args.block_sweep and patch.method == "triton" else {}
     return {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -115,7 +116,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": seconds,
         "gbps": {name: model_bytes / s / 1e9 for name, s in seconds.items()},
         "runs": args.runs,
+        "encode_by_block": by_block,
     }
+
+
+def sweep_blocks(codec: Any, old: torch.Tensor, new: torch.Tensor, naive_pos: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
+    """The Triton encode at other shapes (``--block-sweep BLOCK[:WARPS],...``; each slot stays an eighth of its
+    block; warps default to the module's): median seconds, effective GB/s and bit-exactness per shape. The
+    module's constants are restored after."""
+    saved = codec.BLOCK, codec.SLOT, codec.STAGE_WARPS
+    out: dict[str, Any] = {}
+    try:
+        for spec in args.block_sweep.split(","):
+            block, _, warps = spec.partition(":")
+            codec.BLOCK, codec.SLOT = int(block), int(block) // 8
+            codec.STAGE_WARPS = int(warps) if warps else saved[2]
+            patch = codec.encode(old, new)
+            exact = patch.method == "triton" and bool(torch.equal(patch.positions, naive_pos))
+            s = timed(lambda: codec.encode(old, new), args.runs)
+            out[spec] = {"seconds": s, "gbps": old.numel() * old.element_size() / s / 1e9, "bit_exact": exact}
+    finally:
+        codec.BLOCK, codec.SLOT, codec.STAGE_WARPS = saved
+    return out
 
 
 def main() -> None:
@@ -124,6 +146,7 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-sweep", default="", help="comma-separated Triton block sizes to time too")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("codec_bench needs a CUDA device (torch.cuda.is_available() is False)")

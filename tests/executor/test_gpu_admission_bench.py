@@ -134,3 +134,16 @@ def test_tiny_run_on_cuda(tmp_path: Path) -> None:
     prof = res["profile"]
     assert prof["serving_step_ms"]["p50"] > 0 and prof["rollout_chunk_ms"]["p50"] > 0
     assert "reason" in res["green_context"]
+
+
+def test_a_completion_reanchors_the_queued_chunks(schedule: ModuleType) -> None:
+    """The guard's view of the rollout queue is closed loop: chunks predicted to have ended (the GPU ran them
+    slower than profiled) count again at ``t_chunk`` each once a completion is seen, so the queue the guard
+    prices is the queue the GPU holds, not one that drifts behind it over a long idle gap."""
+    t_chunk = 1e-3
+    view = schedule.View(now=10.0, t_chunk=t_chunk)
+    view.full = [schedule.InFlight(handle=None, pred_end=9.0 + i * t_chunk, lane="full") for i in range(3)]
+    assert view.full_pending_s() == pytest.approx(0.1 * t_chunk)  # open loop: three chunks look nearly done
+    view.reanchor()
+    assert view.full_pending_s() == pytest.approx(3 * t_chunk)
+    assert [c.pred_end for c in view.full] == pytest.approx([10.0 + (i + 1) * t_chunk for i in range(3)])

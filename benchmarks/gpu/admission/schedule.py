@@ -119,6 +119,15 @@ class View:
     launch_green: Callable[[], None] | None = None
     t_chunk: float = 0.0
 
+    def reanchor(self) -> None:
+        """Close the loop on a completion seen at ``now``: the chunks still queued end ``t_chunk`` apart from
+        ``now``. Without it the predicted ends chain open loop from launch times, and a GPU that runs chunks
+        slower than profiled (an H200 ran a sustained rollout 5-8% slower than its start-up profile) makes the
+        real queue outgrow the predicted one: over a long idle gap the guard's 1.5 queued chunks became about
+        6, and the next serving burst waited behind them (TPOT step p99 up to 3x alone)."""
+        for i, chunk in enumerate(self.full):
+            chunk.pred_end = self.now + (i + 1) * self.t_chunk
+
     def full_pending_s(self) -> float:
         """Predicted GPU time of queued full-GPU rollout work still ahead of ``now`` (overdue chunks count
         0.1 chunk: they are still running)."""
@@ -286,10 +295,14 @@ def run_loop(
                 v.step_launch = clock() - t0
                 serv = rig.serve(v.step_launch)
         v.now = clock() - t0
+        completed = False
         while v.full and v.full[0].handle.done():
             d = v.full.pop(0)
             rec.full_chunks += 1
+            completed = True
             policy.done("full", d.handle.t_launch, v.now)
+        if completed:
+            v.reanchor()
         while v.green and v.green[0].handle.done():
             d = v.green.pop(0)
             rec.green_gemms += 1
