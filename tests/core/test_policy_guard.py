@@ -113,6 +113,21 @@ def test_build_adds_the_hold_margin_to_the_admission_margin() -> None:
     assert CoServingGuard.build(unheld, SERVING, ROLLOUT).admission.config.margin_s == pytest.approx(0.003)
 
 
+def test_the_ttft_floor_is_an_arrivals_prefill_plus_the_margin_every_admission_keeps() -> None:
+    settings = GuardSettings(SloBudgets(0.5, 0.05), chunk_tokens=256, margin_s=0.003, rollout_batch=8)
+    built = CoServingGuard.build(settings, SERVING, ROLLOUT)
+    floor = built.ttft_floor_s(1024)
+    assert floor == pytest.approx(SERVING.prefill_s(1024, 256) + 0.003 + hold_margin_s(ROLLOUT, 8, 256))
+    # at a budget under the floor, an arrival with no rollout work admitted yet is already out of slack
+    tight = CoServingGuard.build(GuardSettings(SloBudgets(floor * 0.9, 0.05), 256, 0.003, rollout_batch=8),
+                                 SERVING, ROLLOUT)  # fmt: skip
+    arriving = LiveRequest("s", 0.0, 1024, 0, 0, prefilling=True, last_token_s=None)
+    assert tight.decide(0.0, [arriving], (), (QueuedTurn("q", 64),)).start == ()
+    roomy = CoServingGuard.build(GuardSettings(SloBudgets(floor * 1.5, 0.05), 256, 0.003, rollout_batch=8),
+                                 SERVING, ROLLOUT)  # fmt: skip
+    assert roomy.decide(0.0, [arriving], (), (QueuedTurn("q", 64),)).start == ("q",)
+
+
 def test_slo_budgets_from_a_profile_are_a_multiple_of_serving_alone() -> None:
     budgets = SloBudgets.from_profile(4.0, SERVING, longest_prompt=1024, chunk_tokens=512, max_num_seqs=8)
     assert budgets.ttft_s == pytest.approx(4 * SERVING.prefill_s(1024, 512))

@@ -62,6 +62,16 @@ def test_slo_is_a_multiple_of_the_median_level_p99_so_one_noisy_level_does_not_s
     assert ttft == pytest.approx(0.018) and tpot == pytest.approx(0.0075)
 
 
+def test_the_ttft_budget_is_never_below_serving_alone_plus_the_guards_margin() -> None:
+    """An SLO tighter than serving alone plus the rollout step no hold can stop is broken by co-location itself
+    (an arrival waits for that step), so the bench's TTFT budget is at least that; TPOT stays the multiple."""
+    windows = [Window(0.010, 0.004, 0.0, [], []), Window(0.012, 0.006, 0.0, [], [])]
+    ttft, tpot = slo_from_alone(windows, 1.5, ttft_floor_extra_s=0.030)
+    assert ttft == pytest.approx(0.011 + 0.030) and tpot == pytest.approx(0.0075)
+    ttft, _ = slo_from_alone(windows, 1.5, ttft_floor_extra_s=0.002)  # under the multiple: the multiple stands
+    assert ttft == pytest.approx(0.0165)
+
+
 def window(serving_share: float, rollout_share: float) -> Window:
     return Window(0.01, 0.005, 1000.0, [], [], serving_share, rollout_share)
 

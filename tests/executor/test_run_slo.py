@@ -29,3 +29,30 @@ def test_serving_executors_of_rose_run_take_their_slo_from_the_profile(policy_di
     assert budgets.ttft_s * 1e3 != run.slo.ttft_ms  # not the fixed [slo] values any more
     dedicated = parse_executor_config(tomli_w.dumps(executor_config(run, "dedicated", policy_dir, serving_dir, 0)))
     assert dedicated.slo_from_profile == 0  # no guard on a dedicated host
+
+
+def test_a_ttft_budget_below_the_guards_floor_is_reported_with_its_fix(
+    caplog: pytest.LogCaptureFixture, policy_dir: Path, serving_dir: Path
+) -> None:
+    """The executor publishes the tightest TTFT budget co-location can keep (the longest profiled prompt's
+    prefill + the rollout step a hold cannot stop + the margin) and warns, naming the settings to change, when
+    its budget is below it; a budget above it passes quietly."""
+    from rose_core.policy import CoServingGuard
+    from rose_executor import metrics
+    from rose_executor.co_serving.co_serving import check_ttft_floor, guard_settings
+
+    serving = parse_executor_config(tomli_w.dumps(executor_config(RunConfig(), "serving", policy_dir, serving_dir, 0)))
+    rollout = EngineProfile(key="r", prefill_points=[(16, 0.003), (512, 0.015)], decode_points=[(1, 0.002), (16, 0.006)])
+    slo = slo_budgets(serving, PROFILE)
+    guard = CoServingGuard.build(guard_settings(serving, slo), PROFILE.latency_model(), rollout.latency_model())
+    expected = guard.ttft_floor_s(512)
+    assert expected > PROFILE.latency_model().prefill_s(512, serving.prefill_chunk_tokens)
+    with caplog.at_level("WARNING", logger="rose_executor.co_serving.co_serving"):
+        assert check_ttft_floor(guard, type(slo)(expected * 0.8, slo.tpot_s), 512) == pytest.approx(expected)
+    assert metrics.GUARD_TTFT_FLOOR._value.get() == pytest.approx(expected)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "below what co-location can keep" in warning and "Raise slo_ttft_ms" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rose_executor.co_serving.co_serving"):
+        check_ttft_floor(guard, type(slo)(expected * 1.2, slo.tpot_s), 512)
+    assert not caplog.records

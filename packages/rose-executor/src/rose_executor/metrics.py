@@ -55,6 +55,11 @@ GUARD_MIN_SLACK = Gauge(
     "rose_executor_guard_min_slack_seconds",
     "Smallest TTFT/TPOT slack of the in-flight serving requests at the last control tick (+Inf when idle).",
 )
+GUARD_TTFT_FLOOR = Gauge(
+    "rose_executor_guard_ttft_floor_seconds",
+    "Tightest TTFT budget the guard can keep for the longest profiled serving prompt (its prefill + the rollout "
+    "step a hold cannot stop + the admission margin); a budget below it is broken by co-location itself.",
+)
 GUARD_HOLDS = Counter(
     "rose_executor_guard_holds_total",
     "Times the SLO guard paused the rollout engine because serving slack ran out.",

@@ -111,6 +111,15 @@ class CoServingGuard:
         config = AdmissionConfig(settings.slo.ttft_s, settings.slo.tpot_s, settings.chunk_tokens, margin_s)
         return cls(DualSlackAdmission(config, serving, rollout))
 
+    def ttft_floor_s(self, prompt_tokens: int) -> float:
+        """The tightest TTFT budget this guard can keep for a ``prompt_tokens`` serving request that arrives
+        unannounced: its prefill (the serving model) plus the margin every admission keeps (the rollout step
+        a hold cannot stop, and the reserve against model error). Such an arrival finds a rollout step in
+        flight whatever the guard decided, so under a tighter budget co-location itself breaks the SLO: the
+        guard can then only stop lending, not protect the arrival."""
+        config = self.admission.config
+        return self.admission.serving_model.prefill_s(prompt_tokens, config.chunk_tokens) + config.margin_s
+
     def decide(
         self,
         now: float,

@@ -42,6 +42,24 @@ def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
                          config.rollout_capacity)  # fmt: skip
 
 
+def check_ttft_floor(guard: CoServingGuard, slo: SloBudgets, longest_prompt: int) -> float:
+    """Publish the guard's TTFT floor for the longest profiled serving prompt and warn, naming the fix, when
+    the TTFT budget is below it (a request that arrives while a rollout step runs waits for that step, whatever
+    the guard decides). Returns the floor, seconds."""
+    floor = guard.ttft_floor_s(longest_prompt)
+    metrics.GUARD_TTFT_FLOOR.set(floor)
+    if slo.ttft_s < floor:
+        log.warning(
+            "the TTFT budget (%.1f ms) is below what co-location can keep for a %d-token serving prompt (%.1f ms: "
+            "its prefill plus the rollout step a hold cannot stop and the admission margin, %.1f ms): a request "
+            "that arrives while a rollout step runs waits for it, so this SLO will be missed on this device "
+            "while rollout turns run here. Raise slo_ttft_ms (or slo_from_profile), or lower "
+            "prefill_chunk_tokens or rollout_capacity",
+            slo.ttft_s * 1e3, longest_prompt, floor * 1e3, guard.admission.config.margin_s * 1e3,
+        )  # fmt: skip
+    return floor
+
+
 class CoServing:
     """The guard and the memory budget of one serving host, driven by ``run``: every ``interval_s``, and at
     once when a serving request arrives or finishes or a rollout turn is submitted.
@@ -109,6 +127,7 @@ class CoServing:
         serving_model = guard_serving_model(profiles[0], colocated)
         guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
+        check_ttft_floor(guard, slo, max(n for n, _ in profiles[0].prefill_points))
         co_serving = cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
         co_serving.revoke_after_s = config.revoke_after_pressure_s
         return co_serving
