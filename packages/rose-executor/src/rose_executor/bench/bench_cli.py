@@ -66,7 +66,7 @@ def _with_stdout_on_stderr(work: Callable[[], T]) -> T:
 def bench(as_json: bool, seconds: float, slo_multiple: float, repeats: int, models_dir: str, device_model: str) -> None:
     """Serving alone / co-located without the guard / with the guard, at low, medium and high bursty load.
 
-    The rollout engine (chunked prefill, 512-token chunks) runs 16 turns of 512-895-token prompts and 128
+    The rollout engine (chunked prefill, 512-token chunks) runs 32 turns of 512-895-token prompts and 128
     output tokens. harvest_ratio = the rollout's share of the device time serving left in the same window
     (worker CPU time; both engines compute on the same cores, so 1.0 is the ceiling), for the guarded and
     the unguarded rollout."""

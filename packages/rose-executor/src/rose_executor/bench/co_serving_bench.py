@@ -2,7 +2,7 @@
 
 Both engines run in this process (their cores in child processes) with the tiny models of the embedded
 default. Serving latency comes from vLLM's stat logger (per finished request: TTFT and mean TPOT; per token:
-inter-token latency). The rollout side is the real ``RolloutRunner``: ``ROLLOUT_CONCURRENCY`` (16) turns of
+inter-token latency). The rollout side is the real ``RolloutRunner``: ``ROLLOUT_CONCURRENCY`` (32) turns of
 512-895-token prompts and 128 output tokens kept in flight, prefilled in 512-token chunks (the executor's
 ``prefill_chunk_tokens``), started at once (unguarded) or by the real ``CoServing`` control loop (guarded:
 dual-slack admission with the serving model the executor uses, the slower of the alone and co-located
@@ -66,7 +66,9 @@ SERVING_PROMPT, SERVING_TOKENS = 32, 32
 ROLLOUT_PROMPT = (512, 896)
 """Rollout prompt lengths, uniform in [lo, hi): agentic turns carry their trajectory's context, so rollout work
 is prefill-heavy (one or two 512-token chunks per turn) and lengths differ, so turns do not finish in lockstep."""
-ROLLOUT_TOKENS, ROLLOUT_CONCURRENCY = 128, 16
+ROLLOUT_TOKENS, ROLLOUT_CONCURRENCY = 128, 32
+"""32 turns in flight (16 until 2026-12-05, decision 825): at 16 the unguarded rollout missed the SLO at
+medium load in the median of only 2 invocations of 3; at 32 nearly every rollout step carries a prefill chunk."""
 PREFILL_CHUNK_TOKENS = 512
 """The rollout engine's prefill chunk: the executor's default ``prefill_chunk_tokens`` (the guard's admission unit)."""
 CALIBRATION_PASSES = 3
