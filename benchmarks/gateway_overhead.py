@@ -17,9 +17,9 @@ the engine's part is as small as it gets. Runs `python -m rose_core` with this s
 
 The baseline an agent without ROSE has is an HTTP call to the engine's own OpenAI server, so the same
 invocation also starts vLLM's OpenAI server (``vllm.entrypoints.openai.api_server``) on the policy model with
-the executor's engine settings, and sends every sequential call's messages to it right after the gateway call
-(same client, same prompt, same ``max_tokens``; the two calls of a turn in alternating order): ``vs_vllm_server`` is the gateway's latency minus that
-server's, per pair (p50 / p99 of the differences) and as the difference of the two latency percentiles; a
+the executor's engine settings, and sends every sequential call's messages to it beside the gateway call (same
+client, same prompt, same ``max_tokens``; the two calls of a turn in alternating order): ``vs_vllm_server`` is
+the gateway's latency minus that server's, per pair (p50 / p99 of the differences) and as the difference of the two latency percentiles; a
 third call, the same one to the server again, gives the pair measure's own noise (``noise_paired_*``).
 ``--no-direct`` skips it.
 """
@@ -44,6 +44,8 @@ from typing import Any
 import httpx
 
 VLLM_SERVER_TIMEOUT_S = 300.0
+CONTEXT_TOKENS = 1024
+"""The job's ``max_context_tokens`` and the direct server's ``--max-model-len``: one context for both paths."""
 
 CONFIG = """
 models_dir = "{models}"
@@ -54,7 +56,7 @@ env = "gateway"
 group_size = 2
 prompts_per_step = 1000
 max_tokens_per_turn = 1
-max_context_tokens = 1024
+max_context_tokens = {context}
 
 [executors]
 dedicated = 1
@@ -68,7 +70,7 @@ enabled = false
 
 def start_run(work: Path, models: Path) -> tuple[subprocess.Popen[str], str, str]:
     config = work / "gateway.toml"
-    config.write_text(CONFIG.format(work=work, models=models))
+    config.write_text(CONFIG.format(work=work, models=models, context=CONTEXT_TOKENS))
     proc = subprocess.Popen([sys.executable, "-m", "rose_core", "run", "--steps", "1", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -82,13 +84,17 @@ def start_run(work: Path, models: Path) -> tuple[subprocess.Popen[str], str, str
 
 def start_vllm_server(models: Path) -> tuple[subprocess.Popen[bytes], str]:
     """vLLM's own OpenAI server on the policy model, the settings of the executor's CPU rollout engine (eager,
-    bf16, 1 GiB KV cache, 1024-token context, 512-token prefill chunks); its URL once ``/health`` answers."""
+    bf16, 1 GiB KV cache, the job's context, ``prefill_chunk_tokens`` chunks); its URL once ``/health`` answers."""
+    from rose_executor.config import ExecutorConfig
+
+    chunk = ExecutorConfig(policy_model_dir=str(models / "policy")).prefill_chunk_tokens
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "policy"),
            "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-           "--max-model-len", "1024", "--max-num-seqs", "64", "--enforce-eager", "--max-num-batched-tokens", "512",
+           "--max-model-len", str(CONTEXT_TOKENS), "--max-num-seqs", "64", "--enforce-eager",
+           "--max-num-batched-tokens", str(chunk),
            "--enable-chunked-prefill", "--disable-log-stats", "--uvicorn-log-level", "warning"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -149,7 +155,6 @@ class Agent:
             messages += [{"role": "assistant", "content": data["choices"][0]["message"]["content"]},
                          {"role": "user", "content": f"Turn {turn}: you moved. Where now?"}]
         return out
-
 
     def direct_call(self, body: dict[str, Any]) -> float:
         """The same chat call to vLLM's own OpenAI server: its latency in ms."""
