@@ -32,6 +32,7 @@ and nobody else can read the traffic; clients make a fresh keypair each. Authent
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -59,9 +60,44 @@ InT = TypeVar("InT")
 _ids = itertools.count()
 SEND_HWM = 1000
 """Messages queued for one peer before later ones to it are dropped."""
+DRAIN_BATCH = 1024
+"""Messages an I/O pass takes in (or sends out) before it lets other work run."""
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 10_000
 """A connection silent this long (no message, no ZMQ heartbeat) is closed."""
+
+
+def _control_socket(ctx: zmq.Context[Any], sock_type: int, max_message_bytes: int) -> zmq.Socket[Any]:
+    """A socket with the options every control endpoint has (the rules above)."""
+    sock: zmq.Socket[Any] = ctx.socket(sock_type)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+    return sock
+
+
+def _connect_client(sock: zmq.Socket[Any], address: str, peer_id: str, encrypt_with: bytes | None) -> None:
+    """A DEALER's identity, optional CurveZMQ and connection; ``RoseError`` for an address ZMQ cannot use."""
+    if encrypt_with is not None:
+        public, private = zmq.curve_keypair()
+        sock.curve_serverkey = curve_server_keys(encrypt_with)[0]
+        sock.curve_publickey = public
+        sock.curve_secretkey = private
+    sock.setsockopt(zmq.ROUTING_ID, peer_id.encode())
+    try:
+        sock.connect(address)
+    except zmq.ZMQError as exc:
+        raise RoseError(f"bad controller address {address!r} ({exc.strerror}): use tcp://HOST:PORT") from exc
+
+
+def _count_drop(peer: bytes, exc: zmq.ZMQError, dropped: int) -> None:
+    reason = "peer_full" if exc.errno == zmq.EAGAIN else "peer_gone"
+    DROPPED_MESSAGES.labels(reason).inc()
+    if dropped <= 20 or dropped % 1000 == 0:
+        log.warning("dropped an outgoing message for %r (%s, %d so far): %s", peer, reason, dropped, exc)
 
 
 class _Endpoint(Inbound[InT]):
@@ -80,13 +116,7 @@ class _Endpoint(Inbound[InT]):
         opener = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         super().__init__(opener, on_message)  # opened on the I/O thread
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(sock_type)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self._sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+        self._sock = _control_socket(self._ctx, sock_type, max_message_bytes)
         self._send_framer = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
@@ -144,7 +174,7 @@ class _Endpoint(Inbound[InT]):
                 self._drain_inbound()
 
     def _flush_outbound(self) -> None:
-        for _ in range(1024):
+        for _ in range(DRAIN_BATCH):
             try:
                 frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -157,15 +187,11 @@ class _Endpoint(Inbound[InT]):
                 self._forwarded += 1
 
     def _dropped(self, frames: list[Any], exc: zmq.ZMQError) -> None:
-        reason = "peer_full" if exc.errno == zmq.EAGAIN else "peer_gone"
-        DROPPED_MESSAGES.labels(reason).inc()
         self.dropped += 1
-        if self.dropped <= 20 or self.dropped % 1000 == 0:
-            log.warning("dropped an outgoing message for %r (%s, %d so far): %s", self._peer_of(frames), reason,
-                        self.dropped, exc)
+        _count_drop(self._peer_of(frames), exc, self.dropped)
 
     def _drain_inbound(self) -> None:
-        for _ in range(1024):
+        for _ in range(DRAIN_BATCH):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -278,17 +304,11 @@ class ControlClient(_Endpoint[FromController]):
         encrypt_with: bytes | None = None,
     ) -> None:
         super().__init__(zmq.DEALER, secret, FromController, on_message, max_message_bytes)
-        if encrypt_with is not None:
-            public, private = zmq.curve_keypair()
-            self._sock.curve_serverkey = curve_server_keys(encrypt_with)[0]
-            self._sock.curve_publickey = public
-            self._sock.curve_secretkey = private
-        self._sock.setsockopt(zmq.ROUTING_ID, peer_id.encode())
         try:
-            self._sock.connect(address)
-        except zmq.ZMQError as exc:
+            _connect_client(self._sock, address, peer_id, encrypt_with)
+        except RoseError:
             self.close()
-            raise RoseError(f"bad controller address {address!r} ({exc.strerror}): use tcp://HOST:PORT") from exc
+            raise
         self.start()
 
     def send(self, msg: msgspec.Struct) -> None:
@@ -302,3 +322,95 @@ class ControlClient(_Endpoint[FromController]):
 
     def _peer_of(self, frames: list[Any]) -> bytes:
         return b"controller"
+
+
+class LoopControlClient(Inbound[FromController]):
+    """A peer's DEALER owned by the running asyncio loop: no I/O thread, no pipe (the executor's link).
+
+    ``send`` writes to the socket from the loop (non-blocking: a full queue or a lost controller drops the
+    message, counted as in ``ControlClient``); the loop watches the socket's descriptor and opens what arrives
+    on the loop, so ``on_message`` runs there. Same socket options, encryption and ``Inbound`` checks as
+    ``ControlClient``; two thread hand-offs fewer on each message each way. Call everything on the loop that
+    made it.
+
+    ZMQ's descriptor signals edges, not levels: an operation on the socket (a send, too) can take in what
+    arrived without it firing again, so every send is followed by a drain scheduled on the loop.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        secret: bytes,
+        peer_id: str,
+        on_message: ClientCallback | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        encrypt_with: bytes | None = None,
+    ) -> None:
+        signer = Signer(secret)
+        super().__init__(Framer(signer, FromController, max_message_bytes), on_message)
+        self._send_framer = Framer(signer, FromController, max_message_bytes)
+        self._loop = asyncio.get_running_loop()
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock = _control_socket(self._ctx, zmq.DEALER, max_message_bytes)
+        try:
+            _connect_client(self._sock, address, peer_id, encrypt_with)
+        except RoseError:
+            self._sock.close(0)
+            self._ctx.term()
+            raise
+        self._fd: int = self._sock.FD
+        self._loop.add_reader(self._fd, self._drain)
+        self._drain_scheduled = False
+        self._schedule_drain()
+        self._closed = False
+        self.dropped = 0
+        """Outgoing messages dropped since start (the queue to the controller was full)."""
+
+    def send(self, msg: msgspec.Struct) -> None:
+        """On the loop: put ``msg`` on the wire now, or drop it (counted) when the socket cannot take it."""
+        if self._closed:
+            return
+        self._write(self._send_framer.seal(msg))
+
+    def close(self, flush_s: float = 0.5) -> None:
+        """On the loop: stop watching the socket; what was sent gets up to ``flush_s`` to leave (ZMQ's linger).
+        Blocks the loop at most that long, only while messages are still queued."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        self._sock.close(linger=int(flush_s * 1000))
+        self._ctx.term()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, frames: list[Any]) -> None:
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            self.dropped += 1
+            _count_drop(b"controller", exc, self.dropped)
+        self._schedule_drain()
+
+    def _send_raw(self, peer: bytes, frames: list[Any]) -> None:
+        self._write(frames)
+
+    def _schedule_drain(self) -> None:
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Open what has arrived: at most a batch per turn of the loop, so a burst cannot starve the loop."""
+        self._drain_scheduled = False
+        for _ in range(DRAIN_BATCH):
+            if self._closed or not int(self._sock.EVENTS) & zmq.POLLIN:
+                return
+            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            self._receive(b"controller", [f.buffer for f in frames])
+        self._schedule_drain()

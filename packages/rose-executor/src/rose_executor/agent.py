@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import assert_never
 
 from rose_core.auth import ExecutorCredential
-from rose_core.channel import ControlClient
+from rose_core.channel import LoopControlClient
 from rose_core.errors import RoseError
 from rose_core.messages import (
     CancelTurn,
@@ -102,7 +102,7 @@ class ExecutorAgent:
         config: ExecutorConfig,
         options: AgentOptions,
         launcher: EngineLauncher | None = None,
-        connect: ClientFactory = ControlClient,
+        connect: ClientFactory = LoopControlClient,
     ) -> None:
         """``launcher`` starts the engines and ``connect`` the control channel: vLLM and ZMQ by default,
         ``FakeEngineLauncher`` and ``InProcessClient`` (the in-process twins) in tests."""
@@ -150,8 +150,8 @@ class ExecutorAgent:
         self._install_signal_handlers()
         try:
             connect = self._connect
-            if self.config.encrypt_control and connect is ControlClient:
-                connect = partial(ControlClient, encrypt_with=self.options.credential.observer)
+            if self.config.encrypt_control and connect is LoopControlClient:
+                connect = partial(LoopControlClient, encrypt_with=self.options.credential.observer)
             self._link = ControllerLink(self.options.controller, self.options.credential.control, self.executor_id,
                                         connect)
             welcome = await self._handshake(self._link)

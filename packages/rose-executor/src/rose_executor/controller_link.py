@@ -1,9 +1,9 @@
 """The executor's control channel, bridged into asyncio.
 
-The client endpoint (``rose_core.channel.ControlClient`` over ZMQ, or ``rose_core.inprocess_channel.
-InProcessClient``, its in-process twin, in tests) hands each decoded message to its callback: on its I/O
-thread over ZMQ, in the sender's thread in process. The callback passes it to the event loop with
-``call_soon_threadsafe``, where the agent awaits ``recv``.
+Over ZMQ the client is ``rose_core.channel.LoopControlClient``: a DEALER the event loop owns, whose messages
+are opened on the loop and handed to ``recv`` directly. The in-process twin (``rose_core.inprocess_channel.
+InProcessClient``, in tests) and the threaded ``ControlClient`` call back on another thread (the sender's,
+or the endpoint's I/O thread): those messages reach the loop with ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from typing import Protocol
 
-from rose_core.channel import ControlClient
+from rose_core.channel import LoopControlClient
 from rose_core.control_endpoint import ClientCallback, ClientEndpoint
 from rose_core.messages import FromController, ToController
 
@@ -31,14 +32,17 @@ class ClientFactory(Protocol):
 class ControllerLink:
     """Send to the controller from the event loop; await what it sends back."""
 
-    def __init__(self, address: str, secret: bytes, peer_id: str, connect: ClientFactory = ControlClient) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str, connect: ClientFactory = LoopControlClient) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._inbox: asyncio.Queue[FromController] = asyncio.Queue()
         self._client = connect(address, secret, peer_id, on_message=self._on_message)
         self._closed = False
 
     def _on_message(self, _peer: bytes, msg: FromController) -> None:
-        # Runs on the endpoint's I/O thread (ZMQ) or the sender's thread (in process).
+        if threading.get_ident() == self._loop_thread:  # a loop-owned client
+            self._inbox.put_nowait(msg)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is gone: we are shutting down
             self._loop.call_soon_threadsafe(self._inbox.put_nowait, msg)
 
@@ -54,9 +58,12 @@ class ControllerLink:
             return None
 
     async def close(self, flush_s: float = 0.2) -> None:
-        """Give the I/O thread ``flush_s`` to send what is queued, then close the endpoint."""
+        """Give what is queued ``flush_s`` to leave, then close the endpoint."""
         if self._closed:
             return
         self._closed = True
         await asyncio.sleep(flush_s)
-        await asyncio.to_thread(self._client.close)
+        if isinstance(self._client, LoopControlClient):
+            self._client.close()  # on its loop; what was sent has had flush_s to leave
+        else:
+            await asyncio.to_thread(self._client.close)
