@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rose_core.channel import ControlServer
+
 PLUGIN_MODULES = ("lake_plugin", "lake_plugin_broken")
 ENTRY_POINTS = """\
 [rose.environments]
@@ -35,3 +37,14 @@ def lake_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     yield tmp_path
     for name in PLUGIN_MODULES:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def server() -> Iterator[ControlServer]:
+    """A real ``ControlServer`` on a free loopback port (the ZMQ channel's tests; the in-process twin's
+    tests have their own)."""
+    from control_frames import SECRET
+
+    srv = ControlServer("tcp://127.0.0.1:0", SECRET)
+    yield srv
+    srv.close()

@@ -32,13 +32,6 @@ from rose_core.wire import MAGIC, Framer, Stamp, envelope
 
 
 @pytest.fixture
-def server() -> Iterator[ControlServer]:
-    srv = ControlServer("tcp://127.0.0.1:0", SECRET)
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
 def raw(server: ControlServer) -> Iterator[zmq.Socket[bytes]]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

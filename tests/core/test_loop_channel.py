@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -36,13 +36,6 @@ class Received:
 
     async def next(self, timeout: float = 10) -> FromController:
         return await asyncio.wait_for(self.queue.get(), timeout)
-
-
-@pytest.fixture
-def server() -> Iterator[ControlServer]:
-    srv = ControlServer("tcp://127.0.0.1:0", SECRET)
-    yield srv
-    srv.close()
 
 
 @pytest.fixture

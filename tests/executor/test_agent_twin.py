@@ -91,7 +91,8 @@ def start_agent(
     server = InProcessServer(SECRET)
     controller = ControllerPeer(SECRET, server)
     options = AgentOptions(controller=server.address, role="serving", executor_id=executor_id,
-                           credential=executor_credential(SECRET, executor_id), parent_pid=parent_pid)
+                           credential=executor_credential(SECRET, executor_id), parent_pid=parent_pid,
+                           freeze_heap=False)  # pytest's heap, not an executor's
     agent = ExecutorAgent(load_executor_config(path), options, launcher or FakeEngineLauncher(MODELS),
                           connect=InProcessClient)
     return server, controller, agent, asyncio.create_task(agent.run())

@@ -100,6 +100,16 @@ def test_each_executor_is_handed_its_own_key_not_the_secret(run_report: dict) ->
         assert executor_credential(held, entry["executor_id"]) == executor_credential(secret, entry["executor_id"])
 
 
+def test_the_controller_and_every_executor_froze_their_startup_heap(run_report: dict) -> None:
+    """Once started, `rose run` and each `rose-executor` take what is alive out of the garbage collector's full
+    passes (``rose_core.heap``: each of those passes stalled them for 200-300 ms on this host)."""
+    heap = re.compile(r"froze the startup heap: ([1-9][0-9]*) objects")
+    assert len(heap.findall(run_report["_stderr"])) == 1  # once, before the first step
+    for entry in run_report["executors"]:
+        log = run_report["_log_files"][f"executor-{entry['executor_id']}"]
+        assert len(heap.findall(log)) == 1, entry["executor_id"]
+
+
 def test_every_step_says_where_its_weight_sync_went(run_report: dict) -> None:
     """Structure only (no timing threshold): the parts are there, non-negative, and fit the step's sync."""
     executors = {e["executor_id"] for e in run_report["executors"]}

@@ -36,6 +36,7 @@ from typing import assert_never
 from rose_core.auth import ExecutorCredential
 from rose_core.channel import LoopControlClient
 from rose_core.errors import RoseError
+from rose_core.heap import freeze_startup_heap
 from rose_core.messages import (
     CancelTurn,
     ErrorReport,
@@ -92,6 +93,9 @@ class AgentOptions:
     parent_pid: int | None = None
     """The launcher (`rose run`): when it is gone (this process was re-parented), the executor stops; a
     controller killed with SIGKILL must not leave its executors running (nothing would ever stop them)."""
+    freeze_heap: bool = True
+    """Freeze the startup heap out of full GC passes once the engines run (``rose_core.heap``): this process is
+    an executor's. An agent run inside another program (a test's) leaves that program's heap alone."""
 
 
 class ExecutorAgent:
@@ -160,6 +164,8 @@ class ExecutorAgent:
             self._controller_id = welcome.controller_id
             await self._start_engines()
             if not self._stop.is_set():
+                if self.options.freeze_heap:
+                    freeze_startup_heap()
                 self._link.send(self._register_message())
                 log.info(
                     "executor %s registered with %s as %s", self.executor_id, welcome.controller_id, self.options.role

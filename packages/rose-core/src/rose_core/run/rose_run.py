@@ -33,6 +33,7 @@ from rose_core.config import EXTERNAL_TRAINER, GATEWAY_ENV, RELAY_NONE, RELAY_ST
 from rose_core.controller.controller import Controller
 from rose_core.controller.executor_record import ExecutorRecord
 from rose_core.errors import MissingExtraError, RoseError
+from rose_core.heap import freeze_startup_heap
 from rose_core.messages import StepStatus
 from rose_core.metrics import serve_metrics
 from rose_core.run.child_processes import PARENT_PID, ChildProcesses
@@ -300,6 +301,7 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
             if resume is not None:
                 first = job.resume(resume) + 1
                 say(f"resumed from {resume}: step {first - 1} done, weight version {job.version}")
+            freeze_startup_heap()
             for step in range(first, config.rl.steps + 1):
                 step_report = job.run_step(step)
                 report.add(step_report)
