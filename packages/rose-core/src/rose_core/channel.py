@@ -359,13 +359,13 @@ class LoopControlClient(Inbound[FromController]):
             self._sock.close(0)
             self._ctx.term()
             raise
-        self._fd: int = self._sock.FD
-        self._loop.add_reader(self._fd, self._drain)
-        self._drain_scheduled = False
-        self._schedule_drain()
         self._closed = False
+        self._drain_scheduled = False
         self.dropped = 0
         """Outgoing messages dropped since start (the queue to the controller was full)."""
+        self._fd: int = self._sock.FD
+        self._loop.add_reader(self._fd, self._drain)
+        self._schedule_drain()  # what arrived before the reader was added raised no edge it saw
 
     def send(self, msg: msgspec.Struct) -> None:
         """On the loop: put ``msg`` on the wire now, or drop it (counted) when the socket cannot take it."""
