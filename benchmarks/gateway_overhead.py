@@ -12,7 +12,9 @@ hops both ways and the executor's bookkeeping. Sequential calls (``--calls``, in
 chat turns with a growing history) give p50 / p99 of it (target: p99 <= 2 ms on this machine); then
 ``--clients`` concurrent sessions for ``--seconds`` give turns per second at saturation. Each response's ``rose_timing`` splits the overhead into the gateway's own part
 and routing + the control plane; the same client's ``/health`` round trip is the HTTP floor any call to an
-engine's HTTP server pays. ``max_tokens = 1``:
+engine's HTTP server pays, and ``relay_floor.py``'s relay (the same HTTP server, hand-off, control plane and
+executor link with no logic, no engine) is what the gateway's hops cost before ROSE does anything
+(``relay_floor_*``). ``max_tokens = 1``:
 the engine's part is as small as it gets. Runs `python -m rose_core` with this script's interpreter.
 
 The baseline an agent without ROSE has is an HTTP call to the engine's own OpenAI server, so the same
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import relay_floor
 
 VLLM_SERVER_TIMEOUT_S = 300.0
 CONTEXT_TOKENS = 1024
@@ -253,7 +256,8 @@ def main() -> None:
             calls: list[dict[str, float]] = []
             while len(calls) < args.calls:
                 calls += agent.session(args.turns)
-            result = {"sequential": {"calls": len(calls), **summary(calls), **http_floor(gateway, key, len(calls))},
+            result = {"sequential": {"calls": len(calls), **summary(calls), **http_floor(gateway, key, len(calls)),
+                                     **relay_floor.floor(len(calls))},
                       "target_overhead_p99_ms": 2.0}
             if direct:
                 result["vs_vllm_server"] = vs_vllm_server(calls)
@@ -272,6 +276,8 @@ def main() -> None:
     print(f"  of which: gateway p50 {seq['gateway_p50_ms']:.2f} ms, routing + control plane p50 "
           f"{seq['route_p50_ms']:.2f} ms; the client's HTTP floor (/health) p50 {seq['http_floor_p50_ms']:.2f} ms, "
           f"p99 {seq['http_floor_p99_ms']:.2f} ms")
+    print(f"  the same hops with no logic (relay_floor.py): p50 {seq['relay_floor_p50_ms']:.2f} ms, p99 "
+          f"{seq['relay_floor_p99_ms']:.2f} ms")
     if "vs_vllm_server" in result:
         vs = result["vs_vllm_server"]
         print(f"  against vLLM's own OpenAI server (same calls; latency p50 {vs['vllm_server_p50_ms']:.2f} ms, p99 "
