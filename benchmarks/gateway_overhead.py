@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 import relay_floor
+from relay_floor import percentile
 
 VLLM_SERVER_TIMEOUT_S = 300.0
 CONTEXT_TOKENS = 1024
@@ -134,8 +135,7 @@ class Agent:
         self.sessions += 1
         opened = self.http.post(f"{self.gateway}/sessions", json={"group": f"{self.tag}-{self.sessions}"}).json()
         url = f"{opened['base_url']}/chat/completions"
-        messages = [{"role": "system", "content": "You walk a frozen lake; answer with one move."},
-                    {"role": "user", "content": "You stand at the start. The goal is three steps to the right."}]
+        messages = list(relay_floor.FIRST_MESSAGES)
         out = []
         for turn in range(turns):
             body = {"model": "policy", "messages": messages, "max_tokens": 1}
@@ -198,11 +198,6 @@ def http_floor(gateway: str, key: str, calls: int) -> dict[str, float]:
         times.append(1e3 * (time.perf_counter() - t0))
     return {"http_floor_p50_ms": round(statistics.median(times), 3),
             "http_floor_p99_ms": round(percentile(times, 0.99), 3)}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summary(calls: list[dict[str, float]]) -> dict[str, float]:

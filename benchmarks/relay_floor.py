@@ -35,9 +35,10 @@ import numpy as np
 
 KEY = "relay-floor"
 WARMUP = 200
-BODY = {"model": "policy", "max_tokens": 1, "messages": [
-    {"role": "system", "content": "You walk a frozen lake; answer with one move."},
-    {"role": "user", "content": "You stand at the start. The goal is three steps to the right."}]}
+FIRST_MESSAGES = [{"role": "system", "content": "You walk a frozen lake; answer with one move."},
+                  {"role": "user", "content": "You stand at the start. The goal is three steps to the right."}]
+"""How every session of the gateway bench starts (``gateway_overhead.py`` takes them from here)."""
+BODY = {"model": "policy", "max_tokens": 1, "messages": FIRST_MESSAGES}
 """The gateway bench's first chat call."""
 
 
@@ -137,6 +138,7 @@ def measure(url: str, calls: int) -> list[float]:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile as the gateway bench takes it (``gateway_overhead.py`` uses this one)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
