@@ -1,13 +1,13 @@
 """The control plane's round trip to an executor, on its real parts: the controller's ``ControlServer`` (ROUTER)
 sends a ``TurnRequest`` over TCP to an executor process whose event loop answers with a ``TurnResult`` through
-``rose_executor.controller_link.ControllerLink``, and the controller thread receives it. The executor answers
+``rose_executor.agent.controller_link.ControllerLink``, and the controller thread receives it. The executor answers
 at once, so the figure is what the two hops of every turn cost (framing, MAC, the threads on both sides,
 TCP on loopback), without an engine.
 
     python3 benchmarks/control_hop.py [--calls 2000] [--rounds 5] [--json]
 
 Two executor links, side by side in one invocation, each in its own process, in alternating rounds:
-``loop`` (``rose_core.channel.LoopControlClient``: the DEALER owned by the executor's event loop, what
+``loop`` (``rose_core.transport.channel.LoopControlClient``: the DEALER owned by the executor's event loop, what
 `rose-executor` uses) and ``thread`` (``ControlClient``: a Python I/O thread and an inproc pipe between the
 loop and the socket, what it used before). Sequential round trips; p50 / p99 per link over all rounds, and the
 per-round medians.
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.channel import ControlServer
-from rose_core.messages import Hello, SamplingParams, TurnRequest, TurnResult
+from rose_core.protocol.messages import Hello, SamplingParams, TurnRequest, TurnResult
+from rose_core.transport.channel import ControlServer
 
 LINKS = ("loop", "thread")
 PROMPT_TOKENS = 512
@@ -36,8 +36,9 @@ PROMPT_TOKENS = 512
 
 
 async def _executor(address: str, secret_hex: str, link_name: str) -> None:
-    from rose_core.channel import ControlClient, LoopControlClient
-    from rose_executor.controller_link import ControllerLink
+    from rose_core.transport.channel import ControlClient
+    from rose_core.transport.loop_control_client import LoopControlClient
+    from rose_executor.agent.controller_link import ControllerLink
 
     connect = LoopControlClient if link_name == "loop" else ControlClient
     peer = f"bench-{link_name}"

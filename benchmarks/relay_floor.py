@@ -3,7 +3,7 @@ does anything (no session, template, tokeniser, scheduler, admission or engine).
 
     python3 benchmarks/relay_floor.py [--calls 2000] [--json]
 
-A relay process serves the product's HTTP server (``rose_core.gateway.http_server.ApiServer``: the same handler,
+A relay process serves the product's HTTP server (``rose_core.app.gateway.http_server.ApiServer``: the same handler,
 keep-alive, bearer check) with one route that hands each call to its main thread through a future and a
 ``wake``, as the gateway's ``TurnBridge`` does; the main thread pumps a real ``ControlServer``, sends a
 512-token ``TurnRequest`` to an executor process (``control_hop.py``'s: ``ControllerLink`` over
@@ -48,9 +48,9 @@ def serve() -> None:
 
     from control_hop import PROMPT_TOKENS
 
-    from rose_core.channel import ControlServer
-    from rose_core.gateway.http_server import ApiServer
-    from rose_core.messages import Hello, SamplingParams, TurnRequest, TurnResult
+    from rose_core.app.gateway.http_server import ApiServer
+    from rose_core.protocol.messages import Hello, SamplingParams, TurnRequest, TurnResult
+    from rose_core.transport.channel import ControlServer
 
     secret = secrets.token_bytes(32)
     server = ControlServer("tcp://127.0.0.1:0", secret)

@@ -1,7 +1,7 @@
 """Does the README demo learn? An in-process proxy of the live RL loop (``rose run``), for choosing ``RLConfig``
 defaults without vLLM.
 
-Same code paths as ``rose_core.run.rl_job`` except the sampler: per step the episodes are built exactly as
+Same code paths as ``rose_core.app.jobs.rl_job`` except the sampler: per step the episodes are built exactly as
 ``RLJob._start_rollout`` builds them (env seed ``rl.seed * 1_000_003 + step * 1000 + p``, ``FrozenLakeEnv``,
 ``Episode``, the policy's codec from ``load_tokenizer``), each turn is sampled from the trainer's own Hugging Face
 model (``torch.multinomial`` at ``rl.temperature``, at most ``rl.max_tokens_per_turn`` tokens, stopping after EOS,
@@ -82,7 +82,7 @@ class RunResult:
 
 
 def make_config(args: argparse.Namespace, seed: int) -> Any:
-    from rose_core.config import RLConfig
+    from rose_core.app.config import RLConfig
 
     return RLConfig(
         steps=args.steps, prompts_per_step=args.prompts, group_size=args.group, max_turns=args.max_turns,
@@ -120,11 +120,11 @@ def sample_turn(model: Any, prompt: list[int], max_tokens: int, temperature: flo
 def run(rl: Any, models_dir: Path, *, verbose: bool = True) -> RunResult:
     import torch
 
-    from rose_core.rl.episode import Episode
-    from rose_core.rl.frozenlake import FrozenLakeEnv
-    from rose_core.rl.grpo import build_samples_from_config
-    from rose_core.rl.models import ensure_models, load_tokenizer
-    from rose_core.rl.trainer import PolicyTrainer
+    from rose_core.app.rl.algorithm.grpo import build_samples_from_config
+    from rose_core.app.rl.demo.models import ensure_models, load_tokenizer
+    from rose_core.app.rl.environments.episode import Episode
+    from rose_core.app.rl.environments.frozenlake import FrozenLakeEnv
+    from rose_core.app.rl.trainer.trainer import PolicyTrainer
 
     models = ensure_models(models_dir)
     codec = load_tokenizer(models.policy)

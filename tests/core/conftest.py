@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.channel import ControlServer
+from rose_core.transport.channel import ControlServer
 
 PLUGIN_MODULES = ("lake_plugin", "lake_plugin_broken")
 ENTRY_POINTS = """\

@@ -9,12 +9,12 @@ import time
 import numpy as np
 from hypothesis import strategies as st
 
-from rose_core import messages as m
-from rose_core.auth import Signer
-from rose_core.messages import PROTOCOL_VERSION
-from rose_core.metrics import REJECTED_MESSAGES
-from rose_core.serde import Encoder
-from rose_core.wire import SESSION_BYTES, Stamp, envelope
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import PROTOCOL_VERSION
+from rose_core.protocol.serde import Encoder
+from rose_core.protocol.wire import SESSION_BYTES, Stamp, envelope
+from rose_core.support.metrics import REJECTED_MESSAGES
 
 SECRET = b"s" * 32
 OTHER = b"o" * 32

@@ -4,8 +4,8 @@ distribution ``lake_plugin`` (``tests/core/conftest.py``), entry point ``corrido
 
 from __future__ import annotations
 
-from rose_core.config import RLConfig
-from rose_core.rl.environment import StepOutcome
+from rose_core.app.config import RLConfig
+from rose_core.app.rl.environments.environment import StepOutcome
 
 HEADER = "Corridor: walk to the exit at the far right. Answer with one move: left or right."
 

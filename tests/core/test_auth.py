@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.auth import (
+from rose_core.protocol.auth import (
     EXECUTOR_KEY_PREFIX,
     OBSERVER_KEY_PREFIX,
     as_observer,
@@ -21,7 +21,7 @@ from rose_core.auth import (
     write_executor_key,
     write_observer_key,
 )
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 
 SECRET = b"s" * 32
 

@@ -22,13 +22,14 @@ from control_frames import (
 )
 from hypothesis import given, settings
 
-from rose_core import messages as m
-from rose_core.auth import Signer, executor_key, observer_key
-from rose_core.channel import SEND_HWM, ControlClient, ControlServer
-from rose_core.errors import RoseError
-from rose_core.metrics import DROPPED_MESSAGES, free_port
-from rose_core.serde import Encoder
-from rose_core.wire import MAGIC, Framer, Stamp, envelope
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import Signer, executor_key, observer_key
+from rose_core.protocol.serde import Encoder
+from rose_core.protocol.wire import MAGIC, Framer, Stamp, envelope
+from rose_core.support.errors import RoseError
+from rose_core.support.metrics import DROPPED_MESSAGES, free_port
+from rose_core.transport.channel import ControlClient, ControlServer
+from rose_core.transport.zmq_endpoint import SEND_HWM
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rose_core.rl.checkpoint_dir import (
+from rose_core.app.rl.trainer.checkpoint_dir import (
     STATE_FILE,
     CheckpointError,
     CheckpointState,
@@ -20,7 +20,7 @@ from rose_core.rl.checkpoint_dir import (
     resolve,
     write_checkpoint,
 )
-from rose_core.rl.host_rng import capture_host_rng, restore_host_rng
+from rose_core.app.rl.trainer.host_rng import capture_host_rng, restore_host_rng
 
 
 def _fill(payload: bytes = b"weights" * 100):

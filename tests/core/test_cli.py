@@ -11,9 +11,9 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from rose_core.auth import executor_credential
-from rose_core.cli import main
-from rose_core.config import RunConfig
+from rose_core.app.cli import main
+from rose_core.app.config import RunConfig
+from rose_core.protocol.auth import executor_credential
 
 
 def rose(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +64,7 @@ def test_resume_from_a_directory_without_checkpoints_names_the_fix(tmp_path: Pat
 
 
 def test_resume_from_a_checkpoint_past_the_last_step_asks_for_more_steps(tmp_path: Path) -> None:
-    from rose_core.rl.checkpoint_dir import OPTIMIZER_FILE, POLICY_FILE, CheckpointState, write_checkpoint
+    from rose_core.app.rl.trainer.checkpoint_dir import OPTIMIZER_FILE, POLICY_FILE, CheckpointState, write_checkpoint
 
     def fill(folder: Path) -> None:
         (folder / POLICY_FILE).write_bytes(b"p")

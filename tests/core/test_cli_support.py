@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from click.testing import CliRunner
 
-from rose_core.cli_support import EXIT_USAGE, RoseCommand, RoseGroup
-from rose_core.errors import ConfigError
+from rose_core.support.cli_support import EXIT_USAGE, RoseCommand, RoseGroup
+from rose_core.support.errors import ConfigError
 
 
 @click.group(cls=RoseGroup, program="prog")

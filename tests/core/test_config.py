@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.config import RLConfig, RunConfig, load_config
-from rose_core.config_support import dump_toml, parse_toml
-from rose_core.errors import ConfigError
-from rose_core.rl.loss_settings import LossSettings
+from rose_core.app.config import RLConfig, RunConfig, load_config
+from rose_core.app.rl.algorithm.loss_settings import LossSettings
+from rose_core.config.sections import dump_toml, parse_toml
+from rose_core.support.errors import ConfigError
 
 
 def test_defaults_round_trip_through_toml(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rose_core.config_support import (
+from rose_core.config.sections import (
     ConfigSection,
     dump_toml,
     load_toml,
@@ -20,7 +20,7 @@ from rose_core.config_support import (
     require_port,
     require_positive,
 )
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 
 
 class Engine(ConfigSection):

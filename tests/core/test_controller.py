@@ -10,15 +10,18 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from rose_core import messages as m
-from rose_core.auth import observer_key
-from rose_core.config import ControllerConfig, RunConfig, SchedulerConfig
-from rose_core.control_endpoint import ClientCallback
-from rose_core.controller.controller import AcceptedTurn, Controller, TurnPayload
-from rose_core.controller.controller_metrics import STATUS_SKIPPED
-from rose_core.inprocess_channel import InProcessClient, InProcessServer
-from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.app.config import ControllerConfig, RunConfig, SchedulerConfig
+from rose_core.app.controller.control_loop import ControlLoop
+from rose_core.app.controller.controller import Controller
+from rose_core.app.controller.controller_metrics import STATUS_SKIPPED
+from rose_core.app.controller.job_hooks import AcceptedTurn, NoJob, TurnPayload
+from rose_core.app.controller.weight_round import WeightRound
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import observer_key
 from rose_core.scheduler import TurnTicket
+from rose_core.support.metrics import REJECTED_MESSAGES
+from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
+from rose_core.transport.control_endpoint import ClientCallback
 
 SECRET = b"k" * 32
 MsgT = TypeVar("MsgT")
@@ -69,6 +72,21 @@ def join(ctl: Controller, eid: str, role: m.Role = "dedicated", capacity: int = 
     return client
 
 
+class Recorder(NoJob):
+    """A job that records the accepted results."""
+
+    def __init__(self, accepted: list[AcceptedTurn]) -> None:
+        self.accepted = accepted
+
+    def on_result(self, accepted: AcceptedTurn) -> None:
+        self.accepted.append(accepted)
+
+
+def applied(ctl: Controller, weight_round: WeightRound) -> dict[str, m.WeightApplied]:
+    """The round's answers, the controller's loop running until it has them."""
+    return ControlLoop(ctl).result(weight_round.future, 5.0, weight_round.timed_out)
+
+
 def turn(i: int, traj: str = "x") -> TurnTicket:
     payload = TurnPayload(np.arange(5, dtype=np.int32), m.SamplingParams(max_tokens=2), step=1)
     return TurnTicket(f"t{i}", f"{traj}{i}", 0, 0, 0.0, payload=payload)
@@ -92,7 +110,7 @@ def test_messages_before_hello_are_rejected(controller: Controller) -> None:
 
 def test_turn_routed_result_accepted(controller: Controller) -> None:
     accepted: list[AcceptedTurn] = []
-    controller.on_result = accepted.append
+    controller.attach(Recorder(accepted))
     with join(controller, "d1") as d1:
         controller.submit_turn(turn(1))
         controller.pump(0)
@@ -106,7 +124,7 @@ def test_turn_routed_result_accepted(controller: Controller) -> None:
 
 def test_abort_reroutes_to_the_other_executor_and_late_result_is_dropped(controller: Controller, clock: FakeClock) -> None:
     accepted: list[AcceptedTurn] = []
-    controller.on_result = accepted.append
+    controller.attach(Recorder(accepted))
     with join(controller, "d1", capacity=1) as d1, join(controller, "d2", capacity=1) as d2:
         controller.submit_turn(turn(1))
         controller.pump(0)
@@ -311,7 +329,7 @@ def test_weight_announce_waits_for_every_executor(controller: Controller) -> Non
 
     with join(controller, "d1", on_message=apply) as d1:
         ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1")
-        done = controller.announce_weights(ann, timeout=5)
+        done = applied(controller, controller.announce_weights(ann))
         assert done["d1"].bytes_received == 123
         assert controller.scheduler.workers["d1"].weight_version == 1
 
@@ -334,7 +352,7 @@ def test_weight_sync_breakdown_adds_up_per_executor(controller: Controller, cloc
     peers["d2"] = join(controller, "d2", on_message=replier("d2", 0.5, 0.3, 0.1))
     with peers["d1"], peers["d2"]:
         ann = m.WeightAnnounce(version=1, step=1, source="tcp://x:1", manifest_digest="good")
-        controller.announce_weights(ann, timeout=5, publish_s=0.25, export_s=0.05)
+        applied(controller, controller.announce_weights(ann, publish_s=0.25, export_s=0.05))
         sync = controller.last_sync
         # d1's announce went out at 100.0, d2's at 101.0; both replies are handled at 101.5.
         d1, d2 = sync.executors["d1"], sync.executors["d2"]
@@ -362,7 +380,7 @@ def test_weight_sync_from_an_executor_without_the_parts(controller: Controller, 
             d1.send(m.WeightApplied(executor_id="d1", version=msg.version, seconds=0.3, bytes_received=7))
 
     with join(controller, "d1", on_message=apply) as d1:
-        controller.announce_weights(m.WeightAnnounce(version=1, step=1, source="tcp://x:1"), timeout=5)
+        applied(controller, controller.announce_weights(m.WeightAnnounce(version=1, step=1, source="tcp://x:1")))
         part = controller.last_sync.executors["d1"]
         assert (part.transfer_s, part.apply_s, part.wait_s) == pytest.approx((0.0, 0.0, 0.4))
         assert controller.last_sync.publish_s == 0.0

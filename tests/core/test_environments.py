@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.config import RLConfig
-from rose_core.errors import RoseError
-from rose_core.rl.environments import ENTRY_POINT_GROUP, installed_environments, load_environment
-from rose_core.rl.episode import Episode
-from rose_core.rl.frozenlake import HEADER, FrozenLakeEnv, make_frozenlake
+from rose_core.app.config import RLConfig
+from rose_core.app.rl.environments.episode import Episode
+from rose_core.app.rl.environments.frozenlake import HEADER, FrozenLakeEnv, make_frozenlake
+from rose_core.app.rl.environments.registry import ENTRY_POINT_GROUP, installed_environments, load_environment
+from rose_core.support.errors import RoseError
 
 ROOT = Path(__file__).parents[2]
 PYPROJECT = ROOT / "packages" / "rose-core" / "pyproject.toml"

@@ -8,12 +8,13 @@ import threading
 import httpx
 import pytest
 
-from rose_core.errors import RoseError
-from rose_core.gateway.http_server import ApiServer
-from rose_core.messages import WeightAnnounce
-from rose_core.rl.sample import TrainSample
-from rose_core.rl.trajectory import Trajectory
-from rose_core.run.external_trainer import TRAINER_ROUTES, ExternalTrainer, sample_json
+from rose_core.app.controller.control_loop import ControlLoop
+from rose_core.app.gateway.http_server import ApiServer
+from rose_core.app.jobs.external_trainer import TRAINER_ROUTES, ExternalTrainer, sample_json
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory import Trajectory
+from rose_core.protocol.messages import WeightAnnounce
+from rose_core.support.errors import RoseError
 
 KEY = "t" * 32
 
@@ -34,23 +35,34 @@ def test_a_sample_travels_as_tokens_mask_and_aligned_logprobs() -> None:
 
 
 def test_a_batch_stays_offered_until_its_version_is_published() -> None:
-    trainer = ExternalTrainer(ranks=2)
+    woken = threading.Event()
+    trainer = ExternalTrainer(ranks=2, wake=woken.set)
     assert trainer.next_batch(0.0) is None
     trainer.offer(3, 2, [_sample()], [Trajectory("a", "g", 0, total_reward=1.0)])
     first = trainer.next_batch(0.0)
     assert first is not None and first["publish_version"] == 3 and first["ranks"] == 2
     assert trainer.next_batch(0.0) is first  # pulled again (a restarted trainer): the same batch
-    pumps = []
+    published = trainer.published_version(3)
     threading.Timer(0.05, trainer.published, args=(_announce(3),)).start()
-    assert trainer.wait_published(3, 10, lambda: pumps.append(1)).version == 3
-    assert pumps and trainer.next_batch(0.0) is None and trainer.status()["published_versions"] == [3]
+    assert published.result(timeout=10).version == 3 and woken.wait(10)  # the controller's loop is woken
+    assert trainer.next_batch(0.0) is None and trainer.status()["published_versions"] == [3]
+
+
+class _Idle:
+    """A controller with nothing to do: the loop's pump just waits."""
+
+    def pump(self, timeout: float) -> None:
+        threading.Event().wait(timeout)
+
+    def wake(self) -> None:
+        return None
 
 
 def test_a_trainer_that_never_publishes_fails_the_step_with_the_fix() -> None:
     trainer = ExternalTrainer(ranks=1)
     trainer.offer(1, 0, [], [])
     with pytest.raises(RoseError, match=r"did not publish version 1 .* GET /trainer/next"):
-        trainer.wait_published(1, 0.05, lambda: None)
+        ControlLoop(_Idle()).result(trainer.published_version(1), 0.05, lambda: trainer.timed_out(1, 0.05))
 
 
 def test_the_trainer_api_long_polls_and_refuses_bad_input() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.gateway.openai_api import (
+from rose_core.app.gateway.openai_api import (
     ChatRequest,
     CompletionRequest,
     GatewayError,
@@ -19,11 +19,11 @@ from rose_core.gateway.openai_api import (
     check_sampling,
     decode,
 )
-from rose_core.gateway.session_history import SessionHistory
-from rose_core.gateway.session_table import SessionTable
-from rose_core.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnOutcome
-from rose_core.messages import SamplingParams, TurnResult
-from rose_core.rl.trajectory import Turn
+from rose_core.app.gateway.session_history import SessionHistory
+from rose_core.app.gateway.session_table import SessionTable
+from rose_core.app.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnOutcome
+from rose_core.app.rl.algorithm.trajectory import Turn
+from rose_core.protocol.messages import SamplingParams, TurnResult
 
 
 def encode(text: str) -> list[int]:

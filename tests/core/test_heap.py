@@ -1,4 +1,4 @@
-"""The startup heap frozen out of full collections (``rose_core.heap``), in a child process: freezing is
+"""The startup heap frozen out of full collections (``rose_core.support.heap``), in a child process: freezing is
 process-wide and must not touch the test runner's heap."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 CHILD = """
 import gc, json
-from rose_core.heap import freeze_startup_heap
+from rose_core.support.heap import freeze_startup_heap
 startup = [{"n": i, "payload": [i] * 4} for i in range(200_000)]  # a long-lived startup heap
 frozen = freeze_startup_heap()
 cycle = []; cycle.append(cycle); del cycle  # garbage made after the freeze is still collected

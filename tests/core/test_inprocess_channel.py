@@ -11,13 +11,13 @@ import zmq
 from control_frames import BAD_FRAMES, GARBAGE, OTHER, SECRET, hello, rejected, sealed, sealed_hello
 from hypothesis import given, settings
 
-from rose_core import messages as m
-from rose_core.auth import Signer
-from rose_core.channel import ControlServer
-from rose_core.errors import RoseError
-from rose_core.inprocess_channel import InProcessClient, InProcessServer
-from rose_core.serde import Encoder
-from rose_core.wire import Framer
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.serde import Encoder
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import RoseError
+from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
+from rose_core.transport.channel import ControlServer
 
 
 @pytest.fixture

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from rose_core.run.learning_curve import BLOCKS, MAX_POINTS, bucket_means, learning_curve, sparkline
-from rose_core.run.rl_job import StepReport
-from rose_core.run.run_report import RunReport
+from rose_core.app.jobs.step_report import StepReport
+from rose_core.app.run.learning_curve import MAX_POINTS, bucket_means, learning_curve
+from rose_core.app.run.run_report import RunReport
+from rose_core.support.sparkline import BLOCKS, sparkline
 
 
 def step(n: int, reward: float, success: float, eval_success: float | None = None) -> StepReport:

@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rose_core.config import LoadConfig
-from rose_core.run.load_generator import LoadGenerator, ServingSample, arrivals, percentile, summarize
+from rose_core.app.config import LoadConfig
+from rose_core.app.jobs.serving_window import ServingSample, percentile, summarize
+from rose_core.app.run.load_generator import LoadGenerator, arrivals
 
 
 def test_arrivals_are_bursty_with_the_configured_rates() -> None:

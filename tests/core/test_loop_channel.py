@@ -13,13 +13,15 @@ import pytest
 import zmq
 from control_frames import BAD_FRAMES, OTHER, SECRET, hello, rejected, sealed
 
-from rose_core import messages as m
-from rose_core.auth import observer_key
-from rose_core.channel import DRAIN_BATCH, SEND_HWM, ControlServer, LoopControlClient
-from rose_core.errors import RoseError
-from rose_core.messages import FromController
-from rose_core.metrics import free_port
-from rose_core.serde import Encoder
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import observer_key
+from rose_core.protocol.messages import FromController
+from rose_core.protocol.serde import Encoder
+from rose_core.support.errors import RoseError
+from rose_core.support.metrics import free_port
+from rose_core.transport.channel import ControlServer
+from rose_core.transport.loop_control_client import LoopControlClient
+from rose_core.transport.zmq_endpoint import DRAIN_BATCH, SEND_HWM
 
 
 class Received:

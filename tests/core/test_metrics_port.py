@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.metrics import serve_metrics
+from rose_core.support.metrics import serve_metrics
 
 RAW = st.one_of(
     st.binary(max_size=300),

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.errors import ProtocolError
-from rose_core.replay_guard import ReplayGuard
-from rose_core.wire import Stamp
+from rose_core.protocol.replay_guard import ReplayGuard
+from rose_core.protocol.wire import Stamp
+from rose_core.support.errors import ProtocolError
 
 WINDOW = 120.0
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core.rl.bpe import ascii_alphabet, byte_level, byte_to_unicode, train_bpe
-from rose_core.rl.corpus import corpus_lines
+from rose_core.app.rl.demo.bpe import ascii_alphabet, byte_level, byte_to_unicode, train_bpe
+from rose_core.app.rl.demo.corpus import corpus_lines
 
 
 def test_byte_alphabet_is_a_bijection() -> None:

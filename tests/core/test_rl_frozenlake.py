@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core.config import RLConfig
-from rose_core.rl.frozenlake import (
+from rose_core.app.config import RLConfig
+from rose_core.app.rl.environments.frozenlake import (
     ACTION_WORDS,
     HEADER,
     PROMPT_TAIL,
@@ -18,7 +18,7 @@ from rose_core.rl.frozenlake import (
     make_frozenlake,
     parse_action,
 )
-from rose_core.rl.lake_map import GOAL, HOLE, START, generate_lake_map, manhattan, shortest_path_length
+from rose_core.app.rl.environments.lake_map import GOAL, HOLE, START, generate_lake_map, manhattan, shortest_path_length
 
 
 @given(seed=st.integers(0, 2**32), size=st.integers(2, 8), max_turns=st.integers(1, 12))

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core.config import RLConfig
-from rose_core.rl import (
+from rose_core.app.config import RLConfig
+from rose_core.app.rl import (
     Conversation,
     Episode,
     FrozenLakeEnv,
@@ -28,7 +28,7 @@ from rose_core.rl import (
     normalize_group,
     overlong_shaping,
 )
-from rose_core.rl.frozenlake import HEADER
+from rose_core.app.rl.environments.frozenlake import HEADER
 
 rewards_strategy = st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=32)
 
@@ -276,7 +276,7 @@ def test_episode_prompts_respect_the_limit_and_end_when_done() -> None:
 
 def test_importing_rl_does_not_import_the_train_extra() -> None:
     code = (
-        "import sys, rose_core.rl, rose_core.rl.models;"
+        "import sys, rose_core.app.rl, rose_core.app.rl.demo.models;"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules];"
         "sys.exit(1 if heavy else 0)"
     )

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rose_core import messages as m
-from rose_core.config import RLConfig, RunConfig, SchedulerConfig
-from rose_core.controller.controller import Controller
-from rose_core.errors import RoseError
-from rose_core.inprocess_channel import InProcessClient, InProcessServer
-from rose_core.rl.sample import TrainSample
-from rose_core.run.rl_job import EVAL_SEED_BASE, RLJob
-from rose_core.weights import EngineLayout
+from rose_core.app.config import RLConfig, RunConfig, SchedulerConfig
+from rose_core.app.controller.controller import Controller
+from rose_core.app.jobs.rl_job import EVAL_SEED_BASE, RLJob
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.protocol import messages as m
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.support.errors import RoseError
+from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
 
 SECRET = b"k" * 32
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.errors import MissingExtraError
-from rose_core.run.rl_job import StepReport
-from rose_core.run.run_plot import plot_run
-from rose_core.run.run_report import RunReport
+from rose_core.app.jobs.step_report import StepReport
+from rose_core.app.run.run_plot import plot_run
+from rose_core.app.run.run_report import RunReport
+from rose_core.support.errors import MissingExtraError
 
 
 def steps() -> list[StepReport]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rose_core.controller.weight_sync import ExecutorSync, SyncBreakdown
-from rose_core.run.rl_job import StepReport
-from rose_core.run.run_report import RunReport, format_table, sync_summary
+from rose_core.app.controller.weight_sync import ExecutorSync, SyncBreakdown
+from rose_core.app.jobs.step_report import StepReport
+from rose_core.app.run.run_report import RunReport, format_table, sync_summary
 
 
 def step(n: int, sync_s: float, wait_s: float) -> StepReport:

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rose_core.config import SchedulerConfig
+from rose_core.app.config import SchedulerConfig
 from rose_core.scheduler import ElasticScheduler, TurnTicket
 
 

@@ -6,9 +6,9 @@ from hypothesis import settings
 from hypothesis.stateful import invariant
 from test_scheduler import SchedulerMachine
 
-from rose_core.config import SchedulerConfig
+from rose_core.app.config import SchedulerConfig
+from rose_core.app.sim.bench_scheduler import bench_scheduler
 from rose_core.scheduler import ElasticScheduler, TurnTicket
-from rose_core.sim.bench_scheduler import bench_scheduler
 
 
 class IndexedSchedulerMachine(SchedulerMachine):

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core import messages as m
-from rose_core.errors import ProtocolError
-from rose_core.serde import Decoder, Encoder, decode, encode
+from rose_core.protocol import messages as m
+from rose_core.protocol.serde import Decoder, Encoder, decode, encode
+from rose_core.support.errors import ProtocolError
 
 
 def _turn(tokens: np.ndarray) -> m.TurnRequest:

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rose_core.cli import main
+from rose_core.app.cli import main
+from rose_core.app.sim import Scenario, run_scenario
+from rose_core.app.sim.cluster_sim import ClusterSim
+from rose_core.app.sim.scenario import ClusterSpec, GpuSpec, WorkloadSpec
+from rose_core.app.sim.sim_environment import SimEnvironment
+from rose_core.app.sim.system_profile import PROFILES
 from rose_core.policy import ServingFirstMemory
-from rose_core.sim import Scenario, run_scenario
-from rose_core.sim.cluster_sim import ClusterSim
-from rose_core.sim.scenario import ClusterSpec, GpuSpec, WorkloadSpec
-from rose_core.sim.sim_environment import SimEnvironment
-from rose_core.sim.system_profile import PROFILES
 
 TINY = """
 name = "tiny"
@@ -125,8 +125,8 @@ def test_cli_sim_plot(tmp_path: Path) -> None:
 def test_the_borrowed_share_is_the_admission_policys_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulator has no copy of the policy: an admission controller that holds everything leaves the
     rollout only the seconds when serving is idle."""
+    from rose_core.app.sim.co_serving_table import CoServingTable
     from rose_core.policy import AdmissionDecision, DualSlackAdmission
-    from rose_core.sim.co_serving_table import CoServingTable
 
     load = np.linspace(0.0, 8.0, 4001)
     table = CoServingTable(tiny(), load)
@@ -145,8 +145,8 @@ def test_the_table_runs_the_executors_guard_and_a_hold_stops_the_whole_rollout(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Built as the executor builds it (chunk 512, margin 0 + the hold margin at the per-worker concurrency);
     a verdict that holds the rollout engine charges no rollout step, whatever the admitted counts say."""
+    from rose_core.app.sim.co_serving_table import CoServingTable
     from rose_core.policy import CoServingGuard, GuardVerdict, hold_margin_s
-    from rose_core.sim.co_serving_table import CoServingTable
 
     load = np.linspace(0.0, 8.0, 4001)
     table = CoServingTable(tiny(), load)
@@ -164,7 +164,7 @@ def test_the_serving_rate_is_calibrated_to_the_fleets_busy_time() -> None:
     """``mean_compute_use`` is the fleet's average SM-busy time (the paper's 18.9%), not a FLOP ratio: the
     calibrated rate gives that busy fraction over the load distribution, and the HBM use it implies is
     a separate, lower figure (the paper reads 14.3%)."""
-    from rose_core.sim.co_serving_table import CoServingTable
+    from rose_core.app.sim.co_serving_table import CoServingTable
 
     load = np.random.default_rng(0).lognormal(-0.5, 1.0, 20_000)
     table = CoServingTable(tiny(), load / load.mean())
@@ -174,7 +174,7 @@ def test_the_serving_rate_is_calibrated_to_the_fleets_busy_time() -> None:
 
 
 def test_revoked_borrowed_gpus_reroute_their_turns_and_come_back() -> None:
-    from rose_core.sim.scenario import ElasticSpec
+    from rose_core.app.sim.scenario import ElasticSpec
 
     scenario = Scenario(name="churn", cluster=ClusterSpec(training_gpus=2, dedicated_rollout_gpus=2, borrowable_gpus=4),
                         workload=WorkloadSpec(steps=3, batch=64, algorithms=["dapo"]),

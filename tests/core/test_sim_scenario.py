@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rose_core.errors import ConfigError
-from rose_core.sim import load_scenario, shipped_scenarios
-from rose_core.sim.harvest_curve import HarvestCurve
-from rose_core.sim.traffic import load_azure_trace, synthetic_traffic
+from rose_core.app.sim import load_scenario, shipped_scenarios
+from rose_core.app.sim.harvest_curve import HarvestCurve
+from rose_core.app.sim.traffic import load_azure_trace, synthetic_traffic
+from rose_core.support.errors import ConfigError
 
 
 def test_shipped_scenarios_load_with_the_papers_setups() -> None:

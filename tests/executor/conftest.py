@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.rl.models import ModelPaths, ensure_models
+from rose_core.app.rl.demo.models import ModelPaths, ensure_models
 
 # vLLM's CPU backend: a small KV cache per engine (GiB; overrides kv_cache_gib), quiet logs.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from rose_core.channel import ControlServer
-from rose_core.control_endpoint import ServerEndpoint
-from rose_core.messages import Heartbeat
+from rose_core.protocol.messages import Heartbeat
+from rose_core.transport.channel import ControlServer
+from rose_core.transport.control_endpoint import ServerEndpoint
 
 M = TypeVar("M")
 

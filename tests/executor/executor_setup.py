@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_core.messages import SamplingParams, TurnRequest
+from rose_core.protocol.messages import SamplingParams, TurnRequest
 from rose_executor.memory.serving_first_budget import footprint
 
 PROMPT = np.array([7, 21, 33, 45, 58, 61, 70, 85, 99], dtype=np.int32)

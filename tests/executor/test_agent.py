@@ -22,8 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 from faulty_proxy import FaultyProxy
-from rose_core.auth import Signer, weights_key
-from rose_core.messages import (
+from rose_core.protocol.auth import Signer, weights_key
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.protocol.messages import (
     CancelTurn,
     FromController,
     Goodbye,
@@ -39,9 +40,8 @@ from rose_core.messages import (
     WeightApplied,
     Welcome,
 )
-from rose_core.metrics import free_port
-from rose_core.weights import EngineLayout
-from rose_core.wire import Framer
+from rose_core.protocol.wire import Framer
+from rose_core.support.metrics import free_port
 from rose_transfer import SparsePublisher
 from rose_transfer.wire.loop_thread import LoopThread
 

@@ -20,11 +20,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rose_core import messages as m
-from rose_core.auth import Signer, executor_credential, weights_key
-from rose_core.errors import RoseError
-from rose_core.inprocess_channel import InProcessClient, InProcessServer
-from rose_core.messages import (
+from rose_core.policy import LatencyModel
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import Signer, executor_credential, weights_key
+from rose_core.protocol.messages import (
     CancelTurn,
     ErrorReport,
     Goodbye,
@@ -40,14 +39,15 @@ from rose_core.messages import (
     WeightApplied,
     Welcome,
 )
-from rose_core.metrics import free_port
-from rose_core.policy import LatencyModel
-from rose_core.wire import Framer
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import RoseError
+from rose_core.support.metrics import free_port
+from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
 from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.config import load_executor_config
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
-from rose_executor.engine.fake_engine import FakeEngine, FakeEngineLauncher
+from rose_executor.testing.fake_engine import FakeEngine, FakeEngineLauncher
 from rose_transfer import SparsePublisher
 
 from .conftest import SECRET

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, WeightApplied
 from rose_core.policy import (
     AdmissionConfig,
     CoServingGuard,
@@ -18,13 +17,14 @@ from rose_core.policy import (
     LatencyModel,
     MemoryPolicyConfig,
 )
+from rose_core.protocol.messages import SamplingParams, TurnAborted, TurnRequest, WeightApplied
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.engine.engine_protocol import GenerationOutput
-from rose_executor.engine.fake_engine import FakeEngine
-from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.memory.serving_first_budget import ModelFootprint, ServingFirstBudget
 from rose_executor.rollout.rollout_runner import RolloutRunner
-from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_executor.testing.fake_engine import FakeEngine
+from rose_executor.testing.virtual_clock import VirtualClock
+from rose_executor.weights.weight_updater import WeightUpdater
 from rose_transfer import SparsePublisher
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)
@@ -152,7 +152,7 @@ async def test_the_loop_ticks_at_once_on_a_submitted_turn_and_on_a_serving_arriv
         await asyncio.gather(loop, return_exceptions=True)
         await co.runner.abort_all("shutdown")
         serving.shutdown()
-    assert serving.listeners == [] and co.runner.on_submit is None
+    assert serving.listeners == [] and co.runner._submit_listeners == []
 
 
 async def test_a_weight_update_leaves_the_guards_pause_state_true() -> None:
@@ -221,16 +221,16 @@ async def test_the_inactive_engine_releases_its_memory_and_a_turn_or_an_update_w
     it; a weight update restores a released engine before it stages and keeps it awake until it is done."""
     co, _, rollout, sent, clock = setup(can_release_memory=True)
     await co.tick(100.0)
-    assert co.released and rollout.memory_released and rollout.calls[-1] == "release_memory"
+    assert co.engine_memory.released and rollout.memory_released and rollout.calls[-1] == "release_memory"
     co.runner.submit(turn("wake", max_tokens=4))
     await co.tick(100.01)
     assert not rollout.memory_released and "restore_memory" in rollout.calls
     await clock.run_until(lambda: any(getattr(m, "turn_id", "") == "wake" for m in sent), timeout_s=5)
     await co.tick(100.5)
-    assert co.released  # inactive again: released again
+    assert co.engine_memory.released  # inactive again: released again
     secret = b"h" * 32
-    updater = WeightUpdater(co.runner, rollout, executor_id="ex", secret=secret, send=sent.append)
-    updater.awaken, co.keep_memory = co.awaken, lambda: updater.updating
+    updater = WeightUpdater(co.runner, rollout, executor_id="ex", secret=secret, send=sent.append,
+                            engine_memory=co.engine_memory)
     real_commit = rollout.commit_weights
     ticks_during_commit: list[bool] = []
 
@@ -248,5 +248,5 @@ async def test_the_inactive_engine_releases_its_memory_and_a_turn_or_an_update_w
     calls = rollout.calls
     assert calls.index("stage_weights(v1)") > len(calls) - 1 - calls[::-1].index("restore_memory")
     await co.tick(102.0)
-    assert co.released  # the update is over: inactive, released again
+    assert co.engine_memory.released  # the update is over: inactive, released again
     await updater.close()

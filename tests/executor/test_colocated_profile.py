@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rose_executor.co_serving.colocated_profile import guard_serving_model
-from rose_executor.engine.latency_profile import EngineProfile
+from rose_executor.profile.colocated_profile import guard_serving_model
+from rose_executor.profile.latency_profile import EngineProfile
 
 
 def test_guard_predicts_serving_with_the_slower_of_alone_and_colocated() -> None:

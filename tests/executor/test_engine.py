@@ -15,8 +15,8 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file, save_file
 
-from rose_core.messages import SamplingParams, WeightAnnounce
-from rose_core.weights import EngineLayout
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.protocol.messages import SamplingParams, WeightAnnounce
 from rose_executor.engine.engine_protocol import WeightCommit, WeightOrder
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_transfer import SparsePublisher

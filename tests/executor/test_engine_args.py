@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from rose_core.errors import ConfigError, RoseError
+from rose_core.support.errors import ConfigError, RoseError
 from rose_executor.config import ExecutorConfig, parse_executor_config
-from rose_executor.engine.device import Device, describe_device, resolve_device
 from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
 from rose_executor.engine.vllm_engine import VllmEngine, _engine_args
+from rose_executor.host.device import Device, describe_device, resolve_device
 
 GIB = 1 << 30
 H200_BYTES = 143_771_287_552

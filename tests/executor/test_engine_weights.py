@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rose_core.errors import RoseError
-from rose_executor.engine.engine_weights import EngineWeights
+from rose_core.support.errors import RoseError
+from rose_executor.weights.engine_weights import EngineWeights
 from rose_transfer import SparsePublisher
 
 SECRET = b"w" * 32

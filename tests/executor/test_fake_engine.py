@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rose_core.errors import RoseError
-from rose_core.messages import SamplingParams
 from rose_core.policy import LatencyModel
+from rose_core.protocol.messages import SamplingParams
+from rose_core.support.errors import RoseError
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput, WeightOrder
 from rose_executor.engine.engine_spec import EngineSpec
-from rose_executor.engine.fake_engine import FAKE_MODEL_DIR, FakeEngine, FakeEngineLauncher
-from rose_executor.engine.virtual_clock import VirtualClock
+from rose_executor.testing.fake_engine import FAKE_MODEL_DIR, FakeEngine, FakeEngineLauncher
+from rose_executor.testing.virtual_clock import VirtualClock
 from rose_transfer import DensePublisher
 
 MODEL = LatencyModel(prefill_base_s=0.004, prefill_per_token_s=10e-6, decode_base_s=0.002, decode_per_seq_s=0.001)

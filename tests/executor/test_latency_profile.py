@@ -9,8 +9,8 @@ import pytest
 from rose_core.policy import SloBudgets
 from rose_executor.co_serving.co_serving import slo_budgets
 from rose_executor.config import ExecutorConfig, parse_executor_config
-from rose_executor.engine.latency_profile import EngineProfile, profile_key, read_cached, write_cached
 from rose_executor.memory.serving_first_budget import footprint, memory_budget
+from rose_executor.profile.latency_profile import EngineProfile, profile_key, read_cached, write_cached
 
 PROFILE = EngineProfile(key="k", prefill_points=[(16, 0.006), (512, 0.018)], decode_points=[(1, 0.002), (8, 0.0023)])
 
@@ -67,7 +67,7 @@ def test_guard_settings_are_validated(policy_dir: Path) -> None:
 def test_memory_budget_on_a_gpu_is_the_engines_memory_fractions(
     policy_dir: Path, serving_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rose_executor.engine.device import Device, DeviceDescription
+    from rose_executor.host.device import Device, DeviceDescription
     from rose_executor.memory import serving_first_budget
 
     h200 = 150_000_000_000

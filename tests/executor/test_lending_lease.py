@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_executor.lending_lease import AlreadyLent, Holder, LendingLease
+from rose_executor.host.lending_lease import AlreadyLent, Holder, LendingLease
 
 
 def test_a_second_job_is_refused_with_the_holders_name_and_the_fix(tmp_path: Path) -> None:

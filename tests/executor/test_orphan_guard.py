@@ -10,7 +10,7 @@ import psutil
 
 PARENT = """
 import subprocess, sys, time
-from rose_executor.engine.orphan_guard import OrphanGuard
+from rose_executor.host.orphan_guard import OrphanGuard
 guard = OrphanGuard()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 guard.watch_children()

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rose_core.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult, WeightApplied
 from rose_core.policy import LatencyModel
+from rose_core.protocol.messages import SamplingParams, TurnAborted, TurnRequest, TurnResult, WeightApplied
 from rose_executor.engine.engine_protocol import WeightCommit
-from rose_executor.engine.fake_engine import FakeEngine
-from rose_executor.engine.virtual_clock import VirtualClock
 from rose_executor.rollout.rollout_runner import RolloutRunner
-from rose_executor.rollout.weight_updater import WeightUpdater
+from rose_executor.testing.fake_engine import FakeEngine
+from rose_executor.testing.virtual_clock import VirtualClock
+from rose_executor.weights.weight_updater import WeightUpdater
 from rose_transfer import SparsePublisher
 
 MODEL = LatencyModel(0.004, 10e-6, 0.002, 0.001)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from rose_core.config import RunConfig
-from rose_core.run.rose_run import DEMO_SLO_FROM_PROFILE, executor_config
+from rose_core.app.config import RunConfig
+from rose_core.app.run.rose_run import DEMO_SLO_FROM_PROFILE, executor_config
 from rose_executor.co_serving.co_serving import slo_budgets
 from rose_executor.config import parse_executor_config
-from rose_executor.engine.latency_profile import EngineProfile
+from rose_executor.profile.latency_profile import EngineProfile
 
 PROFILE = EngineProfile(
     key="p", prefill_points=[(16, 0.004), (128, 0.006), (512, 0.020)], decode_points=[(1, 0.002), (8, 0.003)]

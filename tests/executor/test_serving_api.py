@@ -13,7 +13,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.serving.openai_server import OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor

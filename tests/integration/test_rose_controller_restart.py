@@ -20,13 +20,13 @@ import pytest
 import tomli_w
 import zmq
 
-from rose_core import messages as m
-from rose_core.auth import Signer, write_new_secret
-from rose_core.config import load_config
-from rose_core.metrics import free_port
-from rose_core.rl.models import ensure_models
-from rose_core.run.rose_run import executor_config
-from rose_core.wire import Framer
+from rose_core.app.config import load_config
+from rose_core.app.rl.demo.models import ensure_models
+from rose_core.app.run.rose_run import executor_config
+from rose_core.protocol import messages as m
+from rose_core.protocol.auth import Signer, write_new_secret
+from rose_core.protocol.wire import Framer
+from rose_core.support.metrics import free_port
 
 from .rose_run_support import LiveRun, metric
 

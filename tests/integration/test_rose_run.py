@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.auth import EXECUTOR_KEY_PREFIX, OBSERVER_KEY_PREFIX, executor_credential
+from rose_core.protocol.auth import EXECUTOR_KEY_PREFIX, OBSERVER_KEY_PREFIX, executor_credential
 
 from .rose_run_support import run_report as rose_run
 
@@ -102,7 +102,7 @@ def test_each_executor_is_handed_its_own_key_not_the_secret(run_report: dict) ->
 
 def test_the_controller_and_every_executor_froze_their_startup_heap(run_report: dict) -> None:
     """Once started, `rose run` and each `rose-executor` take what is alive out of the garbage collector's full
-    passes (``rose_core.heap``: each of those passes stalled them for 200-300 ms on this host)."""
+    passes (``rose_core.support.heap``: each of those passes stalled them for 200-300 ms on this host)."""
     heap = re.compile(r"froze the startup heap: ([1-9][0-9]*) objects")
     assert len(heap.findall(run_report["_stderr"])) == 1  # once, before the first step
     for entry in run_report["executors"]:

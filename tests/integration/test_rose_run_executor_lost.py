@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rose_core.config import RLConfig
+from rose_core.app.config import RLConfig
 
 from .rose_run_support import LiveRun
 

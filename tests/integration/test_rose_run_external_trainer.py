@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from rose_core.auth import load_secret
-from rose_core.rl.models import ensure_models
-from rose_core.rl.sample import TrainSample
-from rose_core.rl.trainer import PolicyTrainer
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.demo.models import ensure_models
+from rose_core.app.rl.trainer.trainer import PolicyTrainer
+from rose_core.protocol.auth import load_secret
 from rose_transfer import ShardPublisher
 from rose_transfer.plan.engine_layout import to_engine_layout
 

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from rose_core.rl.models import ensure_models
-from rose_executor.engine.model_info import count_parameters
+from rose_core.app.rl.demo.models import ensure_models
+from rose_executor.profile.model_info import count_parameters
 from rose_executor.revoke_cli import find_executor
 
 from .rose_run_support import LiveRun, metric

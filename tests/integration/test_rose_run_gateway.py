@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from rose_core.config import RLConfig
-from rose_core.rl.environments import load_environment
+from rose_core.app.config import RLConfig
+from rose_core.app.rl.environments.registry import load_environment
 
 from .rose_run_support import LiveRun
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from rose_core.cli import INTERRUPTED_EXIT
+from rose_core.app.cli import INTERRUPTED_EXIT
 
 
 def _processes_mentioning(needle: str) -> list[str]:

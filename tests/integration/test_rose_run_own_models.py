@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.rl.models import ensure_models, load_tokenizer
+from rose_core.app.rl.demo.models import ensure_models, load_tokenizer
 
 from .rose_run_support import run_report as rose_run
 

@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from rose_core.auth import write_new_secret
-from rose_core.metrics import free_port
+from rose_core.protocol.auth import write_new_secret
+from rose_core.support.metrics import free_port
 
 from .rose_run_support import LiveRun
 

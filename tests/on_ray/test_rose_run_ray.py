@@ -18,7 +18,7 @@ import pytest
 import ray
 
 from integration.rose_run_support import LiveRun
-from rose_core.metrics import free_port
+from rose_core.support.metrics import free_port
 
 STEPS = 20
 SERVING_RESOURCE = "rose_serving_gpu"

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rose_core.rl.models import ModelPaths, ensure_models
-from rose_core.rl.trainer import PolicyTrainer
+from rose_core.app.rl.demo.models import ModelPaths, ensure_models
+from rose_core.app.rl.trainer.trainer import PolicyTrainer
 
 
 @pytest.fixture(scope="session")

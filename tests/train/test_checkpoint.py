@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rose_core.rl.checkpoint_dir import STATE_FILE, CheckpointError, read_state
-from rose_core.rl.models import ModelPaths
-from rose_core.rl.trainer import PolicyTrainer
-from rose_core.rl.trainer_state import load_checkpoint, save_checkpoint
+from rose_core.app.rl.demo.models import ModelPaths
+from rose_core.app.rl.trainer.checkpoint_dir import STATE_FILE, CheckpointError, read_state
+from rose_core.app.rl.trainer.trainer import PolicyTrainer
+from rose_core.app.rl.trainer.trainer_state import load_checkpoint, save_checkpoint
 
 MakeTrainer = Callable[..., PolicyTrainer]
 

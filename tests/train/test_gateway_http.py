@@ -22,14 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rose_core.gateway.chat_template import ChatTemplate
-from rose_core.gateway.gateway import Gateway, GatewayLimits
-from rose_core.gateway.http_server import REFUSED_REQUESTS, GatewayServer
-from rose_core.gateway.session_table import SessionTable
-from rose_core.gateway.turn_bridge import TurnBridge, TurnOutcome
-from rose_core.messages import TurnResult
-from rose_core.rl.grpo import build_samples
-from rose_core.rl.models import ModelPaths, TokenizerCodec, load_tokenizer
+from rose_core.app.gateway.chat_template import ChatTemplate
+from rose_core.app.gateway.gateway import Gateway, GatewayLimits
+from rose_core.app.gateway.http_server import REFUSED_REQUESTS, GatewayServer
+from rose_core.app.gateway.session_table import SessionTable
+from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
+from rose_core.app.rl.algorithm.grpo import build_samples
+from rose_core.app.rl.demo.models import ModelPaths, TokenizerCodec, load_tokenizer
+from rose_core.protocol.messages import TurnResult
 
 KEY = "k" * 32
 FUZZ_GROUPS = itertools.count()

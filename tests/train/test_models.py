@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rose_core.errors import RoseError
-from rose_core.rl.frozenlake import ACTION_WORDS, FrozenLakeEnv
-from rose_core.rl.models import MARKER, VOCAB_SIZE, ModelPaths, ensure_models, load_tokenizer
+from rose_core.app.rl.demo.models import MARKER, VOCAB_SIZE, ModelPaths, ensure_models, load_tokenizer
+from rose_core.app.rl.environments.frozenlake import ACTION_WORDS, FrozenLakeEnv
+from rose_core.support.errors import RoseError
 
 
 def test_models_have_the_specified_shapes(models: ModelPaths) -> None:
@@ -81,7 +81,7 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(
         weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     else:
         weights.unlink()
-    with caplog.at_level("WARNING", logger="rose_core.rl.models"):
+    with caplog.at_level("WARNING", logger="rose_core.app.rl.demo.models"):
         assert ensure_models(tmp_path) == paths
     assert weights.read_bytes() == good
     assert "serving/model.safetensors" in caplog.text and "rebuilding it" in caplog.text

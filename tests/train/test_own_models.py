@@ -12,12 +12,12 @@ import pytest
 import torch
 import transformers
 
-from rose_core.config import ModelConfig, RLConfig, RunConfig
-from rose_core.errors import ConfigError
-from rose_core.rl.model_dirs import resolve_models
-from rose_core.rl.models import ModelPaths, iter_safetensors_names, load_tokenizer
-from rose_core.rl.sample import TrainSample
-from rose_core.rl.trainer import PolicyTrainer
+from rose_core.app.config import ModelConfig, RLConfig, RunConfig
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.demo.model_dirs import resolve_models
+from rose_core.app.rl.demo.models import ModelPaths, iter_safetensors_names, load_tokenizer
+from rose_core.app.rl.trainer.trainer import PolicyTrainer
+from rose_core.support.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,

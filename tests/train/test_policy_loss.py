@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rose_core.rl.loss_settings import LossSettings
-from rose_core.rl.policy_loss import (
+from rose_core.app.rl.algorithm.loss_settings import LossSettings
+from rose_core.app.rl.algorithm.policy_loss import (
     LossNorm,
     PolicyLoss,
     aggregate,

@@ -10,13 +10,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from rose_core.config import RLConfig
-from rose_core.errors import RoseError
-from rose_core.rl.frozenlake import FrozenLakeEnv
-from rose_core.rl.loss_settings import LossSettings
-from rose_core.rl.models import ModelPaths, load_tokenizer
-from rose_core.rl.sample import TrainSample
-from rose_core.rl.trainer import PolicyTrainer, TrainerConfig
+from rose_core.app.config import RLConfig
+from rose_core.app.rl.algorithm.loss_settings import LossSettings
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.demo.models import ModelPaths, load_tokenizer
+from rose_core.app.rl.environments.frozenlake import FrozenLakeEnv
+from rose_core.app.rl.trainer.trainer import PolicyTrainer, TrainerConfig
+from rose_core.support.errors import RoseError
 
 
 def _samples(models: ModelPaths, advantages: list[float], responses: list[str] | None = None) -> list[TrainSample]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rose_core.auth import Signer
-from rose_core.errors import ConfigError, ProtocolError
-from rose_core.messages import BucketData, TransferReply, Welcome
-from rose_core.wire import MAGIC, SIGNED, SIGNED_POLY1305, Framer
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import BucketData, TransferReply, Welcome
+from rose_core.protocol.wire import MAGIC, SIGNED, SIGNED_POLY1305, Framer
+from rose_core.support.errors import ConfigError, ProtocolError
 
 from .conftest import SECRET
 

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer import ResidentWeights, WeightFetcher
 from rose_transfer.serve.sparse_publisher import SparsePublisher
 

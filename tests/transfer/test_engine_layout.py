@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rose_core.errors import RoseError
-from rose_core.weights import EngineLayout
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.support.errors import RoseError
 from rose_transfer.codec.patch_encoder import build_patch
 from rose_transfer.codec.patch_positions import changed_offsets
 from rose_transfer.plan.engine_layout import to_engine_layout

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from faulty_proxy import FaultyProxy
-from rose_core.messages import WeightAnnounce
+from rose_core.protocol.messages import WeightAnnounce
 from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
 from rose_transfer.metrics import BUCKET_RETRIES, RECONNECTS
 

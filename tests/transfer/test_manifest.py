@@ -8,8 +8,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from rose_core.errors import RoseError
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
+from rose_core.support.errors import RoseError
 from rose_transfer.errors import TransferError
 from rose_transfer.version.manifest import (
     ALIGN,

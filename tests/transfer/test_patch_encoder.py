@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.messages import ShardView
+from rose_core.protocol.messages import ShardView
 from rose_transfer.codec.bucket_codec import PATCH, decode_bucket, encode_bucket
 from rose_transfer.codec.patch_encoder import build_patch, build_patch_runs, prepare
 from rose_transfer.codec.scan_buffers import scan_buffers

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from rose_core.auth import Signer
-from rose_core.messages import FetchManifest, Hello, TransferReply, TransferRequest, Welcome
-from rose_core.wire import Framer
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import FetchManifest, Hello, TransferReply, TransferRequest, Welcome
+from rose_core.protocol.wire import Framer
 from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
 
 from .conftest import SECRET, assert_same, random_state_dict

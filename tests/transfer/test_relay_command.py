@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rose_core.auth import weights_key
-from rose_core.metrics import free_port
+from rose_core.protocol.auth import weights_key
+from rose_core.support.metrics import free_port
 from rose_transfer import SparsePublisher, WeightFetcher, load_arrays
 
 from .conftest import SECRET, assert_same, random_state_dict

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer import DensePublisher, WeightFetcher, load_arrays
 from rose_transfer.fetch.relay_health import RelayHealth
 

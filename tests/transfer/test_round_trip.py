@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rose_core.errors import ConfigError, RoseError
-from rose_core.messages import WeightAnnounce
-from rose_core.weights import load_publisher
+from rose_core.app.weight_publisher import load_publisher
+from rose_core.protocol.messages import WeightAnnounce
+from rose_core.support.errors import ConfigError, RoseError
 from rose_transfer import DensePublisher, TransferError, WeightFetcher, load_arrays
 
 from .conftest import SECRET, assert_same, random_state_dict

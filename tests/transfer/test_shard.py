@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_transfer.bench.pipeline_layout import PipelineLayout
 from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
 from rose_transfer.plan.shard_plan import assemble, needed_buckets, plan_tensor, receiver_segments

@@ -7,8 +7,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from rose_core.errors import RoseError
-from rose_core.messages import ShardView
+from rose_core.protocol.messages import ShardView
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.shard_assembly import assembly_plan, whole_shape
 from rose_transfer.plan.shard_spec import ShardSpec
 from rose_transfer.plan.shard_view import view_version

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rose_core.auth import Signer, weights_key
-from rose_core.errors import ConfigError, RoseError
-from rose_core.messages import Hello, ShardAccepted, ShardIntakeReply, ShardOffer, Welcome
-from rose_core.wire import Framer
+from rose_core.protocol.auth import Signer, weights_key
+from rose_core.protocol.messages import Hello, ShardAccepted, ShardIntakeReply, ShardOffer, Welcome
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import ConfigError, RoseError
 from rose_transfer import DensePublisher, ShardPublisher, TransferError, flatten
 from rose_transfer.version.manifest import layout
 from rose_transfer.wire.connect import tcp_connect

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from rose_core.messages import ShardView, WeightAnnounce  # noqa: E402
+from rose_core.protocol.messages import ShardView, WeightAnnounce  # noqa: E402
 from rose_transfer import ResidentWeights, SparsePublisher, WeightFetcher, flatten  # noqa: E402
 
 from . import tp2_trainer as tp2  # noqa: E402

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rose_core.errors import RoseError
-from rose_core.messages import ShardView
+from rose_core.protocol.messages import ShardView
+from rose_core.support.errors import RoseError
 from rose_transfer import ResidentWeights, TransferError, WeightFetcher
 from rose_transfer.serve.relay import Relay
 from rose_transfer.serve.sparse_publisher import SparsePublisher

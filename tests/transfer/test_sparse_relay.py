@@ -154,7 +154,7 @@ def test_plan_crosses_each_bucket_once_per_cluster() -> None:
 
 
 def test_sparse_is_a_registered_weight_publisher() -> None:
-    from rose_core.weights import load_publisher
+    from rose_core.app.weight_publisher import load_publisher
 
     publisher = load_publisher("sparse", secret=SECRET, host="127.0.0.1", port=0)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rose_core.errors import ProtocolError
+from rose_core.support.errors import ProtocolError
 from rose_transfer import DensePublisher, ResidentWeights, ShardPublisher, TransferError, WeightFetcher, load_arrays
 from rose_transfer.serve.sparse_publisher import SparsePublisher
 from rose_transfer.wire.frame_socket import ConnectionClosed, FrameSocket

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer.bench.transfer_bench import BenchConfig, run_transfer_bench
 
 KEYS = [

@@ -37,7 +37,7 @@ def test_views_through_a_relay_over_ucx_never_fall_back() -> None:
     link: each message must go out whole (they used to interleave and the link broke)."""
     import msgspec
 
-    from rose_core.messages import ShardView
+    from rose_core.protocol.messages import ShardView
     from rose_transfer import ResidentWeights
     from rose_transfer.serve.relay import Relay
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rose_core.messages import ShardView
+from rose_core.protocol.messages import ShardView
 from rose_transfer import SparsePublisher
 from rose_transfer.plan.shard_view import view_version
 from rose_transfer.plan.view_cut import view_cut, view_manifest

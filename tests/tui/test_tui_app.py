@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import Label, ProgressBar, Sparkline
 from tui_controller import make_snapshot
 
-from rose_core.messages import ErrorReport
+from rose_core.protocol.messages import ErrorReport
 from rose_tui.app import RoseTui
 from rose_tui.feed_events import ErrorReceived, StatusReceived
 from rose_tui.widgets import ErrorBanner, LearningPanel, SloGauge, StepPanel, ViewTable

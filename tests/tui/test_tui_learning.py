@@ -6,7 +6,7 @@ import math
 
 from tui_controller import make_snapshot
 
-from rose_core.messages import StepStatus
+from rose_core.protocol.messages import StepStatus
 from rose_tui.learning import LearningView, learning_view
 from rose_tui.view import DashboardModel
 

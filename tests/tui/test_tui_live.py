@@ -9,7 +9,7 @@ from textual.pilot import Pilot
 from textual.widgets import Label
 from tui_controller import TuiController
 
-from rose_core.auth import as_observer
+from rose_core.protocol.auth import as_observer
 from rose_tui.app import RoseTui
 from rose_tui.status_feed import StatusFeed
 from rose_tui.widgets import ErrorBanner, ViewTable

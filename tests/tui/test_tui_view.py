@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tui_controller import make_snapshot
 
-from rose_core.messages import ErrorReport, Welcome
+from rose_core.protocol.messages import ErrorReport, Welcome
 from rose_tui.formatting import format_bytes, format_clock, format_ms, slo_level
 from rose_tui.link import LinkMonitor, LinkState
 from rose_tui.view import EXECUTOR_COLUMNS, HISTORY_COLUMNS, DashboardModel, fleet_latency_p99

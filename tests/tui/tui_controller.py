@@ -13,8 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from rose_core.channel import ControlServer
-from rose_core.messages import (
+from rose_core.protocol.messages import (
     ExecutorStatus,
     Goodbye,
     Hello,
@@ -24,6 +23,7 @@ from rose_core.messages import (
     StepStatus,
     Welcome,
 )
+from rose_core.transport.channel import ControlServer
 
 SLO_TTFT_MS = 250.0
 SLO_TPOT_MS = 50.0

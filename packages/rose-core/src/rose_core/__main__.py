@@ -1,3 +1,3 @@
-from rose_core.cli import main
+from rose_core.app.cli import main
 
 main()

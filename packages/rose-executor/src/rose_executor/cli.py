@@ -3,7 +3,7 @@
 ``rose-executor --controller ADDR --role R --config F`` (what ``rose run`` and operators call) runs the agent,
 as does ``rose-executor run ...`` with the same options; ``rose-executor bench`` runs the benchmark;
 ``rose-executor revoke ID`` takes a lent serving host back (``revoke_cli``). A
-``RoseError`` ends as one line ``rose-executor: error: ...`` and exit status 2 (``rose_core.cli_support``).
+``RoseError`` ends as one line ``rose-executor: error: ...`` and exit status 2 (``rose_core.support.cli_support``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 import click
 
-from rose_core.auth import executor_credential, load_secret
-from rose_core.cli_support import LOG_FORMAT, RoseGroup
-from rose_core.messages import Role
-from rose_core.metrics import serve_metrics
+from rose_core.protocol.auth import executor_credential, load_secret
+from rose_core.protocol.messages import Role
+from rose_core.support.cli_support import LOG_FORMAT, RoseGroup
+from rose_core.support.metrics import serve_metrics
 from rose_executor.bench.bench_cli import bench
 from rose_executor.config import load_executor_config
 from rose_executor.revoke_cli import revoke

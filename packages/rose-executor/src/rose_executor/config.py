@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from rose_core.config_support import (
+from rose_core.config.sections import (
     ConfigSection,
     load_toml,
     parse_toml,
@@ -18,8 +18,8 @@ from rose_core.config_support import (
     require_port,
     require_positive,
 )
-from rose_core.errors import ConfigError
-from rose_core.messages import Role
+from rose_core.protocol.messages import Role
+from rose_core.support.errors import ConfigError
 
 DeviceSetting = Literal["auto", "cpu", "cuda"]
 DEVICE_FORMS = '"auto", "cpu", "cuda" or "cuda:N"'

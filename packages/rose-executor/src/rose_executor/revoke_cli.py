@@ -14,7 +14,7 @@ import signal
 import click
 import psutil
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 
 def find_executor(executor_id: str) -> list[int]:

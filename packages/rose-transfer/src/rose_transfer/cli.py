@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from rose_core.auth import as_weights_key, load_secret
-from rose_core.cli_support import RoseGroup, setup_logging
-from rose_core.messages import WeightAnnounce
+from rose_core.protocol.auth import as_weights_key, load_secret
+from rose_core.protocol.messages import WeightAnnounce
+from rose_core.support.cli_support import RoseGroup, setup_logging
 from rose_transfer._version import __version__
 
 MIB = 1024 * 1024
@@ -23,7 +23,7 @@ _KEY_HELP = ("The shared secret or an executor key file (else $ROSE_SECRET_FILE)
 
 
 def _weights_key(secret_file: str | None) -> bytes:
-    """The weight channel's key (``rose_core.auth.weights_key``) from a secret or executor key file."""
+    """The weight channel's key (``rose_core.protocol.auth.weights_key``) from a secret or executor key file."""
     return as_weights_key(load_secret(secret_file))
 
 

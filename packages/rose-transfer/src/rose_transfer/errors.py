@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rose_core.errors import RoseError
-from rose_core.wire import is_unsigned_notice
+from rose_core.protocol.wire import is_unsigned_notice
+from rose_core.support.errors import RoseError
 
 
 class TransferError(RoseError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from rose_core.auth import as_observer, load_secret
-from rose_core.cli_support import RoseCommand
+from rose_core.protocol.auth import as_observer, load_secret
+from rose_core.support.cli_support import RoseCommand
 from rose_tui import __version__
 
 PROGRAM = "rose-tui"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from rose_core.messages import ErrorReport, StatusSnapshot, Welcome
+from rose_core.protocol.messages import ErrorReport, StatusSnapshot, Welcome
 
 
 class WelcomeReceived(Message):

@@ -9,8 +9,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rose_core.messages import StepStatus
-from rose_core.run.learning_curve import sparkline
+from rose_core.protocol.messages import StepStatus
+from rose_core.support.sparkline import sparkline
 from rose_tui.formatting import DASH, format_ratio, format_reward
 
 Value = float | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rose_core.messages import ErrorReport, Welcome
+from rose_core.protocol.messages import ErrorReport, Welcome
 from rose_tui.formatting import Level, format_age
 
 STALL_AFTER_S = 3.0

@@ -1,7 +1,7 @@
 """The dashboard's session with the controller: ``Hello`` as an observer, then ``StatusSnapshot``s, each
 acknowledged (``StatusAck``) as it is handed to the app, then ``Goodbye``. No Textual here: the app polls
 ``recv`` from a worker thread, so a dashboard that falls behind acks late and the controller sends it fewer,
-newer snapshots (``rose_core.messages.STATUS_CREDIT``)."""
+newer snapshots (``rose_core.protocol.messages.STATUS_CREDIT``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import secrets
 import time
 from typing import TypeAlias
 
-from rose_core.channel import ControlClient
-from rose_core.messages import ErrorReport, Goodbye, Hello, StatusAck, StatusSnapshot, Welcome
+from rose_core.protocol.messages import ErrorReport, Goodbye, Hello, StatusAck, StatusSnapshot, Welcome
+from rose_core.transport.channel import ControlClient
 from rose_tui import __version__
 
 FeedMessage: TypeAlias = Welcome | StatusSnapshot | ErrorReport

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from rose_core.messages import ExecutorStatus, LoadReport, StatusSnapshot, StepStatus
+from rose_core.protocol.messages import ExecutorStatus, LoadReport, StatusSnapshot, StepStatus
 from rose_tui.formatting import (
     DASH,
     Level,

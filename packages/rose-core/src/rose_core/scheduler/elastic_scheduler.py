@@ -43,8 +43,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from rose_core.config import SchedulerConfig
 from rose_core.scheduler.load_index import LoadIndex
+from rose_core.scheduler.scheduler_config import SchedulerConfig
 from rose_core.scheduler.turn_queue import TurnQueue
 from rose_core.scheduler.turn_ticket import TurnTicket
 from rose_core.scheduler.worker_state import Pool, WorkerState

@@ -47,14 +47,15 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets, hold_margin_s
+from rose_core.protocol.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
+from rose_executor.bench.demo_models import demo_models
 from rose_executor.bench.device_wait import measure_device_wait
 from rose_executor.bench.worker_cpu import WorkerCpu, descendants
 from rose_executor.co_serving.co_serving import CoServing
-from rose_executor.co_serving.colocated_profile import guard_serving_model, load_or_profile_colocated
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput
-from rose_executor.engine.latency_profile import EngineProfile, default_cache_dir, load_or_profile
+from rose_executor.profile.colocated_profile import guard_serving_model, load_or_profile_colocated
+from rose_executor.profile.latency_profile import EngineProfile, default_cache_dir, load_or_profile
 from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
@@ -334,19 +335,18 @@ async def run_bench(
 ) -> dict[str, Any]:
     if device_model not in DEVICE_MODELS:
         raise ValueError(f"device model {device_model!r} is not one of {DEVICE_MODELS}")
-    from rose_core.rl.models import ensure_models
     from rose_executor.engine.vllm_engine import VllmEngine
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    models = ensure_models(models_dir)
+    policy, serving_model = demo_models(models_dir)
     before = descendants()
     serving = await VllmEngine.create(
-        models.serving, purpose="serving", kv_cache_gib=0.5, max_num_seqs=32, max_model_len=1024
+        serving_model, purpose="serving", kv_cache_gib=0.5, max_num_seqs=32, max_model_len=1024
     )
     try:
         serving_cpu, before, counter = WorkerCpu.spawned_since(before), descendants(), TokenCounter()
         rollout = await VllmEngine.create(
-            models.policy,
+            policy,
             purpose="rollout",
             kv_cache_gib=0.5,
             max_num_seqs=ROLLOUT_CONCURRENCY,

@@ -12,17 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
 from rose_executor import metrics
-from rose_executor.co_serving.colocated_profile import guard_serving_model
 from rose_executor.config import ExecutorConfig
 from rose_executor.engine.clock import WALL_CLOCK, Clock
 from rose_executor.engine.engine_protocol import Engine
-from rose_executor.engine.latency_profile import EngineProfile
 from rose_executor.memory.serving_first_budget import ServingFirstBudget
+from rose_executor.profile.colocated_profile import guard_serving_model
+from rose_executor.profile.latency_profile import EngineProfile
+from rose_executor.rollout.engine_memory import EngineMemory
 from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class CoServing:
     the tick, which resumes the engine and releases the turn if serving slack allows (activation bound:
     ``rose-executor bench``'s ``activation`` figure, docs/executor.md). Where the rollout engine can release
     its memory (GPU sleep mode), inactive also means released (after the hold), and activation first
-    restores it; a weight update wakes it too and keeps it awake (``keep_memory``) until it is committed.
+    restores it; a weight update holds it restored (``EngineMemory.hold``) until it is committed.
     """
 
     def __init__(
@@ -81,8 +81,15 @@ class CoServing:
         interval_s: float,
         memory: ServingFirstBudget | None = None,
         clock: Clock = WALL_CLOCK,
+        *,
+        engine_memory: EngineMemory | None = None,
+        on_sustained_pressure: Callable[[float], None] | None = None,
+        revoke_after_s: float = 0.0,
     ) -> None:
-        """``clock``: the serving engine's (its ``live_requests`` stamps); ticks read ``now`` from it."""
+        """``clock``: the serving engine's (its ``live_requests`` stamps); ticks read ``now`` from it.
+        ``engine_memory``: the rollout engine's memory, shared with the weight updater (default: its own).
+        ``on_sustained_pressure`` is called once (with the seconds) when serving went ``revoke_after_s``
+        without headroom (0: never)."""
         self.guard = guard
         self.serving = serving
         self.rollout = rollout
@@ -101,13 +108,10 @@ class CoServing:
         queued turns not released, running ones paused when their next step would break a budget)."""
         self.pressure_since: float | None = None
         """Since when serving has had no headroom, without a break (None: it has headroom)."""
-        self.on_sustained_pressure: Callable[[float], None] | None = None
-        """Called once (with the seconds) when serving went ``revoke_after_s`` without headroom."""
-        self.revoke_after_s = 0.0
-        self.released = False
-        """The inactive rollout engine's memory is released (GPU sleep mode; never on CPU)."""
-        self.keep_memory: Callable[[], bool] = lambda: False
-        """True while the rollout engine must stay awake though inactive (a weight update in progress)."""
+        self.on_sustained_pressure = on_sustained_pressure
+        self.revoke_after_s = revoke_after_s
+        self.engine_memory = engine_memory or EngineMemory(rollout)
+        self._restores_seen = self.engine_memory.restores
         self._last_tick: float | None = None
         self._wake = asyncio.Event()
 
@@ -119,6 +123,9 @@ class CoServing:
         engines: tuple[Engine, Engine],
         runner: RolloutRunner,
         colocated: EngineProfile | None = None,
+        *,
+        engine_memory: EngineMemory | None = None,
+        on_sustained_pressure: Callable[[float], None] | None = None,
     ) -> CoServing:
         """The guard of a serving host from its config and the (serving, rollout) profiles, plus the serving
         profile measured beside a saturated rollout engine when there is one; no p99 feedback until
@@ -128,9 +135,9 @@ class CoServing:
         guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
         check_ttft_floor(guard, slo, max(n for n, _ in profiles[0].prefill_points))
-        co_serving = cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory)
-        co_serving.revoke_after_s = config.revoke_after_pressure_s
-        return co_serving
+        return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory,
+                   engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure,
+                   revoke_after_s=config.revoke_after_pressure_s)
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
         self.feedback = feedback
@@ -143,7 +150,7 @@ class CoServing:
         """The control loop. It alone owns the rollout engine's pause state: a weight update never pauses
         or resumes the engine (it commits between steps, paused or not)."""
         self.serving.add_activity_listener(self.wake)
-        self.runner.on_submit = self.wake
+        self.runner.add_submit_listener(self.wake)
         try:
             while True:
                 self._wake.clear()
@@ -151,7 +158,7 @@ class CoServing:
                 await self._until_next_tick()
         finally:
             self.serving.remove_activity_listener(self.wake)
-            self.runner.on_submit = None
+            self.runner.remove_submit_listener(self.wake)
 
     async def _until_next_tick(self) -> None:
         """``interval_s``, or less if woken. (Not ``asyncio.wait_for``: on Python 3.11 a cancel that lands as
@@ -189,7 +196,9 @@ class CoServing:
         running, queued = self.runner.running(), self.runner.queued()
         self.active = bool(running or queued)
         if self.active:
-            await self.awaken()  # a released engine gets its memory back before the guard lets work run
+            await self.engine_memory.restore()  # a released engine gets its memory back before work runs
+        if self.engine_memory.restores != self._restores_seen:  # restored (here or by an update): it runs again
+            self._restores_seen, self.paused = self.engine_memory.restores, False
         feedback_ok = self.feedback() if self.feedback is not None else True
         verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
         self._account(now, verdict)
@@ -201,7 +210,7 @@ class CoServing:
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
         await self._apply(verdict)
         if not self.active:
-            await self._release()
+            await self.engine_memory.release()  # where the platform can, and no weight update holds it
         return verdict
 
     @staticmethod
@@ -213,27 +222,6 @@ class CoServing:
         log.debug("SLO headroom %s: min slack %.1f ms, p99 feedback %s, %d serving requests in flight%s",
                  "regained" if verdict.headroom else "lost", verdict.min_slack_s * 1e3,
                  "ok" if feedback_ok else "over", len(serving), worst)
-
-    async def _release(self) -> None:
-        """Inactive (and held) with nothing to keep it awake: release the rollout engine's memory where the
-        platform can (GPU sleep mode)."""
-        if self.rollout.can_release_memory and not self.released and not self.keep_memory():
-            await self.rollout.release_memory()
-            self.released = True
-            metrics.ROLLOUT_MEMORY_RELEASED.set(1)
-
-    async def awaken(self) -> None:
-        """Give the rollout engine its released memory back (a no-op unless released); the engine then runs
-        (vLLM's wake-up resumes scheduling), so the next tick re-applies the guard's pause."""
-        if not self.released:
-            return
-        started = time.perf_counter()
-        await self.rollout.restore_memory()
-        seconds = time.perf_counter() - started
-        self.released, self.paused = False, False
-        metrics.ROLLOUT_RESTORE_SECONDS.observe(seconds)
-        metrics.ROLLOUT_MEMORY_RELEASED.set(0)
-        log.info("rollout engine woken from released memory in %.2f s", seconds)
 
     def _account(self, now: float, verdict: GuardVerdict) -> None:
         """Hold time (work waiting, not allowed to run) and sustained pressure (no headroom without a break)."""

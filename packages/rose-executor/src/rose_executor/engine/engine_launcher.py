@@ -13,7 +13,7 @@ from typing import Protocol
 
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_spec import EngineSpec
-from rose_executor.engine.orphan_guard import OrphanGuard
+from rose_executor.host.orphan_guard import OrphanGuard
 
 
 class EngineLauncher(Protocol):

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rose_core.messages import SamplingParams, WeightAnnounce
 from rose_core.policy import LiveRequest
+from rose_core.protocol.messages import SamplingParams, WeightAnnounce
 from rose_executor.engine.engine_spec import EngineSpec
 
 ActivityListener = Callable[[], None]

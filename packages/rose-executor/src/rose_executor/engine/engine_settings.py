@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rose_executor.config import ExecutorConfig
-from rose_executor.engine.device import Device
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_executor.host.device import Device
 
 CPU_KV_CACHE_GIB = 1.0
 """The KV cache of a CPU engine when the config leaves ``kv_cache_gib`` at 0."""

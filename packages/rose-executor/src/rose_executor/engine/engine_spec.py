@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_executor.config import parse_device
 
 Purpose = Literal["serving", "rollout"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from rose_core.errors import RoseError, require_extra
-from rose_core.messages import SamplingParams
 from rose_core.policy import LiveRequest
+from rose_core.protocol.messages import SamplingParams
+from rose_core.support.errors import RoseError, require_extra
 from rose_executor.engine.engine_protocol import (
     ActivityListener,
     EngineStatsObserver,
@@ -44,7 +44,7 @@ _WARM_UP = (
     SamplingParams(max_tokens=2, temperature=0.0, logprobs=False),  # greedy (evaluation, the profile)
     SamplingParams(max_tokens=2, temperature=1.0, logprobs=True),  # sampled with logprobs (turns, production)
 )
-WORKER_EXTENSION = "rose_executor.engine.worker_extension.RoseWorkerExtension"
+WORKER_EXTENSION = "rose_executor.weights.worker_extension.RoseWorkerExtension"
 _GIB = 1 << 30
 SHUTDOWN_TIMEOUT_S = 20.0
 """How long the engine-core process may take to exit before vLLM kills it (its own default is 5 s)."""

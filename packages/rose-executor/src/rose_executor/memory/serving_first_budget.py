@@ -21,9 +21,9 @@ from pathlib import Path
 from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_executor import metrics
 from rose_executor.config import ExecutorConfig
-from rose_executor.engine.device import Device, describe_device
 from rose_executor.engine.engine_settings import CPU_KV_CACHE_GIB
-from rose_executor.engine.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
+from rose_executor.host.device import Device, describe_device
+from rose_executor.profile.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
 
 log = logging.getLogger(__name__)
 

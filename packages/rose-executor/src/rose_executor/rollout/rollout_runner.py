@@ -16,8 +16,8 @@ from functools import partial
 
 import numpy as np
 
-from rose_core.messages import ToController, TurnAborted, TurnRequest, TurnResult
 from rose_core.policy import QueuedTurn, RolloutMemoryUse
+from rose_core.protocol.messages import ToController, TurnAborted, TurnRequest, TurnResult
 from rose_executor import metrics
 from rose_executor.engine.engine_protocol import Engine, GenerationOutput
 from rose_executor.memory.serving_first_budget import ServingFirstBudget
@@ -85,9 +85,17 @@ class RolloutRunner:
         self._clock = clock
         self._turns: dict[TurnKey, _Turn] = {}
         self._refusal = ""
-        self.on_submit: Callable[[], None] | None = None
+        self._submit_listeners: list[Callable[[], None]] = []
         """Called when a guarded turn starts waiting for the guard (the guard ticks at once)."""
         metrics.WEIGHT_VERSION.set(weight_version)
+
+    def add_submit_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever a guarded turn starts waiting for the guard."""
+        self._submit_listeners.append(listener)
+
+    def remove_submit_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._submit_listeners:
+            self._submit_listeners.remove(listener)
 
     # ---------------------------------------------------------------- state
 
@@ -172,8 +180,9 @@ class RolloutRunner:
         turn.task = asyncio.create_task(self._run(turn), name=f"turn-{req.turn_id}-{req.attempt}")
         turn.task.add_done_callback(partial(self._never_ran, turn))
         self._update_gauges()
-        if self.guarded and self.on_submit is not None:
-            self.on_submit()
+        if self.guarded:
+            for listener in list(self._submit_listeners):
+                listener()
 
     def _start(self, turn: _Turn) -> None:
         turn.started_at = self._clock()

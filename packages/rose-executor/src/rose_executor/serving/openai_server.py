@@ -16,7 +16,7 @@ from collections.abc import Generator
 
 import uvicorn
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_executor.engine.engine_protocol import Engine
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
 from rose_transfer.codec.bucket_codec import decode_bucket, encode_bucket
 from rose_transfer.version.dtypes import storage_dtype
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer.serve.publisher import DensePublisher
 from rose_transfer.wire.send_gate import GATE_CHUNK_BYTES
 

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rose_core.messages import WeightAnnounce
+from rose_core.protocol.messages import WeightAnnounce
 from rose_transfer.fetch.fetcher import WeightFetcher
 from rose_transfer.serve.publisher import DensePublisher
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
 
 HEAD_DIM = 64

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 _LAST_STAGE = re.compile(r"(?:^|\.)(?:lm_head|output_layer)\.|^(?:model\.)?(?:norm|final_layernorm|ln_f)\.")

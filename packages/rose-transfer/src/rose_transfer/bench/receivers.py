@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from rose_core.messages import TensorEntry
+from rose_core.protocol.messages import TensorEntry
 from rose_transfer.plan.shard_plan import CopySegment, assemble, receiver_segments
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.fetched_version import FetchedInMemory

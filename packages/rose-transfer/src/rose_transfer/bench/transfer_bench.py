@@ -33,8 +33,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rose_core.errors import ConfigError
-from rose_core.messages import ShardView, WeightAnnounce
+from rose_core.protocol.messages import ShardView, WeightAnnounce
+from rose_core.support.errors import ConfigError
 from rose_transfer.bench.codec_speed import CodecSpeed, codec_speed
 from rose_transfer.bench.link_pacer import LinkPacer, open_link
 from rose_transfer.bench.model import adam_versions, llama_shape, shard_specs

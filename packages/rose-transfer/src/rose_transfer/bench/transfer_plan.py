@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rose_core.errors import ConfigError, RoseError
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
+from rose_core.support.errors import ConfigError, RoseError
 from rose_transfer.bench.pipeline_layout import PipelineLayout
 from rose_transfer.plan.shard_plan import needed_buckets, receiver_segments
 from rose_transfer.plan.shard_spec import ShardSpec, local_shape

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.errors import require_extra
+from rose_core.support.errors import require_extra
 from rose_transfer.codec.patch_encoder import build_patch
 from rose_transfer.codec.sparse_patch import PatchError, apply_patch
 from rose_transfer.codec.words import WORD_DTYPES

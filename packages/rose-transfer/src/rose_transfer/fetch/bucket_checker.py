@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.auth import Signer
-from rose_core.errors import MissingExtraError, ProtocolError
-from rose_core.messages import BucketData, BucketInfo, ErrorReport, TransferReply
-from rose_core.metrics import REJECTED_MESSAGES
-from rose_core.wire import Framer, is_unsigned_notice
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import BucketData, BucketInfo, ErrorReport, TransferReply
+from rose_core.protocol.wire import Framer, is_unsigned_notice
+from rose_core.support.errors import MissingExtraError, ProtocolError
+from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_transfer.codec.bucket_codec import DENSE, CodecError, decode_bucket
 from rose_transfer.errors import BucketCorrupt, TransferError
 from rose_transfer.fetch.held_bases import BaseFile

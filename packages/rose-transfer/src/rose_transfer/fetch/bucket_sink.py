@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
-from rose_core.messages import BucketInfo, WeightManifest
+from rose_core.protocol.messages import BucketInfo, WeightManifest
 
 
 class BucketSink(Protocol):

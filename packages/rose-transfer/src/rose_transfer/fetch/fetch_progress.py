@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rose_core.messages import ShardView, WeightAnnounce, WeightManifest
+from rose_core.protocol.messages import ShardView, WeightAnnounce, WeightManifest
 from rose_transfer.errors import BucketRefused
 from rose_transfer.fetch.held_bases import BaseFile
 from rose_transfer.fetch.partial_file import PartialFile

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_core.auth import MIN_SECRET_BYTES
-from rose_core.errors import ConfigError, ProtocolError
-from rose_core.messages import ShardView, WeightAnnounce
-from rose_core.metrics import REJECTED_MESSAGES
+from rose_core.protocol.auth import MIN_SECRET_BYTES
+from rose_core.protocol.messages import ShardView, WeightAnnounce
+from rose_core.support.errors import ConfigError, ProtocolError
+from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_transfer.codec.patch_positions import changed_offsets
 from rose_transfer.errors import BucketRefused, TransferError, UntrustedNotice
 from rose_transfer.fetch.bucket_buffers import BucketBuffers

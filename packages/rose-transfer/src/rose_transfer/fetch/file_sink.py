@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.messages import BucketInfo, WeightManifest
+from rose_core.protocol.messages import BucketInfo, WeightManifest
 from rose_transfer.fetch.bucket_buffers import BucketBuffers
 from rose_transfer.fetch.bucket_checker import BucketChecker
 from rose_transfer.fetch.fetch_progress import FetchProgress

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
 
 
 @dataclass(slots=True, frozen=True)

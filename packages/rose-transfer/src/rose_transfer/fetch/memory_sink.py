@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.auth import Signer
-from rose_core.errors import MissingExtraError
-from rose_core.messages import BucketInfo, TransferReply, WeightManifest
-from rose_core.wire import Framer
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import BucketInfo, TransferReply, WeightManifest
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import MissingExtraError
 from rose_transfer.codec.bucket_codec import DENSE, CodecError, unpack_payload
 from rose_transfer.codec.sparse_patch import PatchError, parse_patch
 from rose_transfer.errors import BucketCorrupt, TransferError

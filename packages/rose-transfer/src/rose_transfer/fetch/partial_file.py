@@ -11,7 +11,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from rose_core.durable import fsync_dir
+from rose_core.support.durable import fsync_dir
 from rose_transfer.errors import TransferError
 
 log = logging.getLogger(__name__)

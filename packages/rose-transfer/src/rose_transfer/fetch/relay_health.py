@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 
 
 @dataclass(slots=True)

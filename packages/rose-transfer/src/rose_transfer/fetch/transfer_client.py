@@ -12,9 +12,8 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from rose_core.auth import Signer
-from rose_core.errors import ProtocolError
-from rose_core.messages import (
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import (
     ErrorReport,
     FetchBucket,
     FetchManifest,
@@ -24,7 +23,8 @@ from rose_core.messages import (
     WeightManifest,
     Welcome,
 )
-from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.support.errors import ProtocolError
 from rose_transfer._version import __version__
 from rose_transfer.errors import BucketCorrupt, TransferError, refuse_unsigned
 from rose_transfer.fetch.bucket_sink import BucketSink

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rose_core.errors import RoseError
-from rose_core.weights import EngineLayout
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.support.errors import RoseError
 
 FUSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rose_core.errors import RoseError
-from rose_core.messages import TensorEntry
+from rose_core.protocol.messages import TensorEntry
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.shard_plan import CopySegment, assemble, plan_tensor
 from rose_transfer.plan.shard_spec import ShardSpec, local_shape
 from rose_transfer.version.dtypes import storage_dtype

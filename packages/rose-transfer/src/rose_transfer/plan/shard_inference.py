@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.shard_spec import Section, ShardSpec
 
 

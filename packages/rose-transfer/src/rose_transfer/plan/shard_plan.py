@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_core.messages import TensorEntry, WeightManifest
+from rose_core.protocol.messages import TensorEntry, WeightManifest
 from rose_transfer.plan.shard_spec import ShardSpec, rank_intervals
 from rose_transfer.version.dtypes import storage_dtype
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 KINDS = ("replicated", "column", "row", "vocab", "qkv", "gate_up")
 _DEFAULT_DIM = {"column": 0, "row": 1, "vocab": 0, "qkv": 0, "gate_up": 0}

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rose_core.errors import RoseError
-from rose_core.messages import ShardView, TensorEntry, WeightManifest
+from rose_core.protocol.messages import ShardView, TensorEntry, WeightManifest
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.shard_plan import assemble, receiver_segments
 from rose_transfer.plan.shard_spec import ShardSpec, local_shape
 from rose_transfer.version.dtypes import storage_dtype

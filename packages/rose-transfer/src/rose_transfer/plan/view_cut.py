@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_core.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
+from rose_core.protocol.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
 from rose_transfer.plan.shard_plan import CopySegment, assemble, receiver_segments
 from rose_transfer.plan.shard_view import view_entries
 from rose_transfer.version.manifest import VersionHead, bucket_checksum, digested_manifest

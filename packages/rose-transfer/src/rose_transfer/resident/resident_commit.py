@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
 from rose_transfer.codec.sparse_patch import PatchError, overwritten_bytes
 from rose_transfer.errors import TransferError
 from rose_transfer.resident.in_place_patch import patch_in_place

@@ -12,7 +12,7 @@ import threading
 import msgspec
 import numpy as np
 
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
 from rose_transfer.resident.undo_log import UndoLog
 from rose_transfer.version.host_buffer import host_buffer
 from rose_transfer.version.manifest import bucket_checksum, manifest_digest, tensor_views

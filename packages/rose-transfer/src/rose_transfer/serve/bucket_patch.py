@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rose_core.messages import BucketData, WeightManifest
+from rose_core.protocol.messages import BucketData, WeightManifest
 from rose_transfer.codec.bucket_codec import DENSE, PATCH, encode_bucket
 from rose_transfer.codec.patch_encoder import build_patch_runs, prepare
 from rose_transfer.serve.scratch import scratch

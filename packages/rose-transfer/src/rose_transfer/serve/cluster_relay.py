@@ -1,9 +1,9 @@
 """``ClusterRelay``: a relay started for one cluster of receivers, with the address they should pull from
-(its TCP source, or its UCX one when the cluster's link is UCX). Implements ``rose_core.weights.WeightRelay``."""
+(its TCP source, or its UCX one when the cluster's link is UCX). Implements ``rose_core.app.weight_publisher.WeightRelay``."""
 
 from __future__ import annotations
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer.serve.relay import Relay
 
 

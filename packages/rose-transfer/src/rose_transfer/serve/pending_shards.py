@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rose_core.errors import RoseError
-from rose_core.messages import ShardOffer, TensorEntry, WeightAnnounce
+from rose_core.protocol.messages import ShardOffer, TensorEntry, WeightAnnounce
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.shard_assembly import AssemblyPlan
 
 

@@ -14,10 +14,10 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from rose_core.auth import MIN_SECRET_BYTES, POLY1305
-from rose_core.errors import ConfigError, RoseError
-from rose_core.messages import ShardView, WeightAnnounce
-from rose_core.weights import EngineLayout
+from rose_core.protocol.auth import MIN_SECRET_BYTES, POLY1305
+from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.protocol.messages import ShardView, WeightAnnounce
+from rose_core.support.errors import ConfigError, RoseError
 from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.serve.bucket_patch import word_bytes
 from rose_transfer.serve.cluster_relay import ClusterRelay
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class DensePublisher:
-    """Implements ``rose_core.weights.WeightPublisher``; every byte of a version travels to every receiver.
+    """Implements ``rose_core.app.weight_publisher.WeightPublisher``; every byte of a version travels to every receiver.
 
     ``bulk_mac``: how bucket replies are signed: ``"poly1305"`` (default; a one-time-key Poly1305 tag,
     about 7x cheaper than HMAC) or ``"hmac-sha256"``. Receivers accept both; control messages are always

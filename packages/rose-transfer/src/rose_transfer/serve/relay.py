@@ -15,9 +15,9 @@ import asyncio
 import logging
 from typing import Any
 
-from rose_core.auth import MIN_SECRET_BYTES
-from rose_core.errors import ConfigError
-from rose_core.messages import FetchBucket, FetchManifest, Hello, Welcome
+from rose_core.protocol.auth import MIN_SECRET_BYTES
+from rose_core.protocol.messages import FetchBucket, FetchManifest, Hello, Welcome
+from rose_core.support.errors import ConfigError
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.upstream_link import UpstreamLink
 from rose_transfer.serve.version_store import VersionStore

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from rose_core.errors import ConfigError
+from rose_core.support.errors import ConfigError
 from rose_transfer.serve.relay import Relay
 
 Say = Callable[[dict[str, Any]], None]

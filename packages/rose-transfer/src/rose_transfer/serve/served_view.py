@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
 from rose_transfer.plan.view_cut import ViewCut
 from rose_transfer.version.manifest import FlatVersion
 

@@ -28,9 +28,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rose_core.auth import Signer
-from rose_core.errors import ProtocolError, RoseError
-from rose_core.messages import (
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import (
     ErrorReport,
     Hello,
     ShardAccepted,
@@ -40,8 +39,9 @@ from rose_core.messages import (
     WeightAnnounce,
     Welcome,
 )
-from rose_core.metrics import REJECTED_MESSAGES
-from rose_core.wire import Framer
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import ProtocolError, RoseError
+from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_transfer.plan.shard_assembly import AssemblyPlan, assembly_plan
 from rose_transfer.serve.pending_shards import PendingShards
 from rose_transfer.version.manifest import FlatVersion

@@ -16,9 +16,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from rose_core.auth import MIN_SECRET_BYTES, POLY1305, Signer
-from rose_core.errors import ConfigError, ProtocolError, RoseError
-from rose_core.messages import (
+from rose_core.protocol.auth import MIN_SECRET_BYTES, POLY1305, Signer
+from rose_core.protocol.messages import (
     ErrorReport,
     Hello,
     ShardAccepted,
@@ -28,7 +27,8 @@ from rose_core.messages import (
     WeightAnnounce,
     Welcome,
 )
-from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.support.errors import ConfigError, ProtocolError, RoseError
 from rose_transfer._version import __version__
 from rose_transfer.errors import TransferError
 from rose_transfer.plan.shard_spec import ShardSpec

@@ -6,7 +6,7 @@ A reader task reads requests ahead while a writer task sends replies (signed on 
 per version), so a receiver that keeps several requests in flight is never idle on a round trip. A
 rejected frame (bad signature, garbage, oversized, no handshake) drops that connection only: it is
 logged, counted in ``rose_rejected_messages_total`` and the server keeps serving everyone else.
-Requests are checked for replays as the control plane checks messages (``rose_core.replay_guard``, one guard
+Requests are checked for replays as the control plane checks messages (``rose_core.protocol.replay_guard``, one guard
 for all of this server's connections): a captured request played again, on its connection or another, is
 rejected as ``replay``. (Every receiver seals a connection's requests with a framer of its own.)
 
@@ -40,9 +40,8 @@ from typing import Any
 
 import msgspec
 
-from rose_core.auth import POLY1305, Signer, check_mac_scheme
-from rose_core.errors import ProtocolError, RoseError
-from rose_core.messages import (
+from rose_core.protocol.auth import POLY1305, Signer, check_mac_scheme
+from rose_core.protocol.messages import (
     BucketData,
     ErrorReport,
     FetchBucket,
@@ -53,9 +52,10 @@ from rose_core.messages import (
     WeightManifest,
     Welcome,
 )
-from rose_core.metrics import REJECTED_MESSAGES
-from rose_core.replay_guard import ReplayGuard
-from rose_core.wire import Framer
+from rose_core.protocol.replay_guard import ReplayGuard
+from rose_core.protocol.wire import Framer
+from rose_core.support.errors import ProtocolError, RoseError
+from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_transfer.codec.compiled_scan import warm_up
 from rose_transfer.metrics import SENT_BYTES
 from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, prepare_thread, same_buckets

@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
-from rose_core.auth import Signer
-from rose_core.messages import Hello, TransferReply, WeightManifest, Welcome
-from rose_core.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.protocol.auth import Signer
+from rose_core.protocol.messages import Hello, TransferReply, WeightManifest, Welcome
+from rose_core.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
 from rose_transfer._version import __version__
 from rose_transfer.errors import TransferError, refuse_unsigned
 from rose_transfer.wire.connect import open_connection

@@ -6,8 +6,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_core.errors import RoseError
-from rose_core.messages import ShardView
+from rose_core.protocol.messages import ShardView
+from rose_core.support.errors import RoseError
 from rose_transfer.plan.view_cut import view_cut, view_manifest
 from rose_transfer.serve.scratch import scratch
 from rose_transfer.serve.served_view import ServedView

@@ -1,7 +1,7 @@
 """Element types of weight tensors: the name a tensor travels under and the numpy dtype that holds its bytes.
 
 Names are numpy's (``float32``, ``int64``, ...) plus the torch types numpy lacks (``bfloat16``, the float8
-types). Those travel as their raw bits: ``bfloat16`` is held as ``int16`` (as ``rose_core.serde`` does),
+types). Those travel as their raw bits: ``bfloat16`` is held as ``int16`` (as ``rose_core.protocol.serde`` does),
 float8 as ``uint8``. Only little-endian layouts travel.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 RAW_DTYPES: dict[str, np.dtype] = {
     "bfloat16": np.dtype(np.int16),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rose_core.messages import TensorEntry
+from rose_core.protocol.messages import TensorEntry
 from rose_transfer.version.manifest import tensor_views
 
 if TYPE_CHECKING:

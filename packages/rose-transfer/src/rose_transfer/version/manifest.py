@@ -24,8 +24,8 @@ import blake3
 import msgspec
 import numpy as np
 
-from rose_core.errors import RoseError
-from rose_core.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
+from rose_core.protocol.messages import BucketInfo, ShardView, TensorEntry, WeightManifest
+from rose_core.support.errors import RoseError
 from rose_transfer.errors import TransferError
 from rose_transfer.version.dtypes import numpy_travel_form, storage_dtype, travel_dtype
 from rose_transfer.version.host_buffer import host_buffer

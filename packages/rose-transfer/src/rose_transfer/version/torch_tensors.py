@@ -15,8 +15,8 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from rose_core.errors import RoseError, require_extra
-from rose_core.messages import WeightManifest
+from rose_core.protocol.messages import WeightManifest
+from rose_core.support.errors import RoseError, require_extra
 from rose_transfer.version.dtypes import RAW_DTYPES, storage_dtype
 
 with require_extra("torch (to hand weights to a model)", "rose-transfer[torch]"):

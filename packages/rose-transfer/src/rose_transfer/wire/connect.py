@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.tcp_address import is_tls, parse_source

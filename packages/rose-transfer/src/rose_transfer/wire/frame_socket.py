@@ -1,6 +1,6 @@
 """Multipart messages over a TCP stream: ``u32 count``, ``count x u64 length``, then the frames.
 
-The frames are the output of ``rose_core.wire.Framer.seal`` (envelope, HMAC, header, bulk buffers), so
+The frames are the output of ``rose_core.protocol.wire.Framer.seal`` (envelope, HMAC, header, bulk buffers), so
 every message on the stream is authenticated; this layer only delimits them. Large frames are sent from
 and received into caller memory without copies (``loop.sock_sendall`` / ``loop.sock_recv_into``); a
 receiver can name the buffer that the bulk frame of the next message lands in. A ``SendGate``, if
@@ -15,7 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from rose_core.errors import ProtocolError
+from rose_core.support.errors import ProtocolError
 from rose_transfer.wire.send_gate import GATE_CHUNK_BYTES, SendGate
 
 MAX_FRAMES = 16

@@ -1,6 +1,6 @@
 """Signs reply messages on worker threads: a MAC over a 64 MiB bucket takes milliseconds (Poly1305) to
 tens of milliseconds (HMAC-SHA256), which must not stall the event loop that serves every other
-connection. ``bulk_mac`` picks the signature of replies that carry a bucket (``rose_core.auth``)."""
+connection. ``bulk_mac`` picks the signature of replies that carry a bucket (``rose_core.protocol.auth``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from rose_core.auth import POLY1305, Signer
-from rose_core.messages import TransferReply
-from rose_core.wire import Framer
+from rose_core.protocol.auth import POLY1305, Signer
+from rose_core.protocol.messages import TransferReply
+from rose_core.protocol.wire import Framer
 
 
 class Sealer:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 SCHEME = "tcp"
 TLS_SCHEME = "tls"

@@ -5,7 +5,7 @@ seed is ``HMAC-SHA256(secret, "rose-weights-tls")``, and serves a self-signed ce
 accepts a server only if its certificate carries that public key (pinned; checked right after the
 handshake, before a byte of a message is sent), so whoever lacks the secret can neither read the weights on
 the wire nor stand in the middle. TLS 1.3 only. Authentication of each message stays the MAC's
-(``rose_core.wire``): TLS adds confidentiality; a receiver still proves itself with its signed ``Hello``.
+(``rose_core.protocol.wire``): TLS adds confidentiality; a receiver still proves itself with its signed ``Hello``.
 
 ``TlsFrameSocket`` is a ``FrameSocket`` whose bytes go through an ``ssl.SSLObject`` over memory BIOs, on the
 same non-blocking socket and event loop (no second stream API). The handshake runs on the first send or
@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
-from rose_core.auth import write_private
-from rose_core.errors import ProtocolError
+from rose_core.protocol.auth import write_private
+from rose_core.support.errors import ProtocolError
 from rose_transfer.wire.frame_socket import ConnectionClosed, FrameSocket
 from rose_transfer.wire.send_gate import SendGate
 

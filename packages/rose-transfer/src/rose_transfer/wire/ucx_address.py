@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rose_core.errors import RoseError
+from rose_core.support.errors import RoseError
 
 UCX_SCHEME = "ucx://"
 

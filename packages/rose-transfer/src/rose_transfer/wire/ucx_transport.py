@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rose_core.errors import ProtocolError, require_extra
+from rose_core.support.errors import ProtocolError, require_extra
 from rose_transfer.wire.frame_socket import MAX_FRAMES, ConnectionClosed
 from rose_transfer.wire.send_gate import SendGate
 from rose_transfer.wire.ucx_address import UCX_SCHEME, parse_ucx_source

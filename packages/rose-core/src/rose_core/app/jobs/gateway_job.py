@@ -1,0 +1,164 @@
+"""The RL job with its rollouts brought by agents through the rollout gateway (``rl.env = "gateway"``).
+
+Everything but the rollout is ``RLJob``'s: train, ship weights, checkpoints, reports. A step's rollout is the
+next ``rl.prompts_per_step`` complete groups of gateway sessions (``rl.group_size`` sessions closed by their
+rewards), oldest first; groups completed beyond that wait for the next step. Each call of a session is one
+turn, submitted on the controller thread (``Controller.on_tick``) with the step's version window. A
+synchronous job (``scheduler.staleness = 0``) holds new calls while it trains and ships, so every turn runs
+on the newest weights; an asynchronous one keeps routing them (window ``[T - staleness, T]``).
+Dynamic sampling drops groups without reward spread (they carry no gradient); nothing is refilled here: the
+agents decide what runs. No held-out evaluation (``rl.eval_every`` is for built-in environments).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rose_core.app.config import RunConfig
+from rose_core.app.controller.controller import Controller
+from rose_core.app.controller.job_hooks import AcceptedTurn, TurnPayload
+from rose_core.app.gateway.chat_template import ChatTemplate
+from rose_core.app.gateway.gateway import Gateway, GatewayLimits
+from rose_core.app.gateway.http_server import GatewayServer
+from rose_core.app.gateway.session_table import SessionTable
+from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
+from rose_core.app.jobs.rl_job import RLJob
+from rose_core.app.jobs.step_rollout import StepRollout
+from rose_core.protocol.messages import StepStarted
+from rose_core.scheduler import TurnTicket
+from rose_core.support.errors import RoseError
+
+log = logging.getLogger(__name__)
+
+
+def gateway_key(config: RunConfig) -> tuple[str, Path]:
+    """The bearer key of the gateway and the trainer API, and its file: ``gateway.key_file`` as it is, else a
+    new one in ``<run_dir>/gateway.key`` (mode 0600). Called once per job."""
+    chosen = config.gateway.key_file
+    path = Path(chosen or Path(config.run_dir) / "gateway.key").expanduser().resolve()
+    if chosen:
+        try:
+            key = path.read_text().strip()
+        except OSError as exc:
+            raise RoseError(f"cannot read gateway.key_file {path} ({exc}): fix the path, or leave it empty for a "
+                            "new key") from exc
+        if len(key) < 16:
+            raise RoseError(f"gateway.key_file {path} holds a key of {len(key)} characters: use at least 16")
+        return key, path
+    key = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return key, path
+
+
+class GatewayJob(RLJob):
+    def __init__(self, controller: Controller, config: RunConfig, *args: Any, policy_dir: Path, key: str,
+                 **kwargs: Any) -> None:
+        super().__init__(controller, config, *args, **kwargs)
+        rl, gw = config.rl, config.gateway
+        self.table = SessionTable(rl.group_size)
+        self.bridge = TurnBridge(controller.wake)
+        limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
+                               temperature=rl.temperature, turn_timeout_s=gw.turn_timeout_s)
+        self.gateway = Gateway(self.table, self.bridge, self.codec, _chat_template(policy_dir), limits)
+        self.server = GatewayServer(self.gateway, key, gw.host, gw.port).start()
+        self.closers.append(self.server.close)
+        self.accepting = False
+
+    def _environment(self) -> Any:
+        return None  # the agents are the environment
+
+    def close(self) -> None:
+        self.accepting = False
+        super().close()
+
+    # ---------------------------------------------------------------- the loop's hooks
+
+    def on_result(self, accepted: AcceptedTurn) -> None:
+        if self.bridge.resolve(TurnOutcome(accepted.result, accepted.role)) and self._rollout is not None:
+            self._rollout.count(accepted)
+
+    def on_tick(self, now: float) -> None:
+        """Submit the calls waiting, then take the groups the step still needs (the step's script waits for
+        them); the step's status as the rollout goes."""
+        self._submit_calls(now)
+        rollout = self._rolling_out
+        if rollout is not None:
+            self._take_groups(rollout)
+        super().on_tick(now)
+
+    def _submit_calls(self, now: float) -> None:
+        """Submit the calls waiting, with the step's window; a synchronous job holds them once the step has its
+        groups (it is about to train: they run on the version it ships)."""
+        rollout = self._rollout
+        if not self.accepting or rollout is None:
+            return
+        if self.config.scheduler.staleness == 0 and rollout.groups + self.table.counts()[1] >= \
+                self.config.rl.prompts_per_step:
+            return
+        lo, hi = rollout.window
+        for turn in self.bridge.take():
+            payload = TurnPayload(np.asarray(turn.prompt_token_ids, dtype=np.int32), turn.sampling, rollout.step)
+            self.controller.submit_turn(TurnTicket(turn.turn_id, turn.session_id, lo, hi, now, payload=payload))
+
+    def _take_groups(self, rollout: StepRollout) -> None:
+        wanted = self.config.rl.prompts_per_step
+        for group in self.table.take_groups(wanted - rollout.groups):
+            for trajectory in group:
+                rollout.sessions.append(trajectory)
+                self.controller.finish_trajectory(trajectory.trajectory_id)
+            rollout.groups += 1
+        rollout.check_complete(rollout.groups >= wanted)
+
+    # ---------------------------------------------------------------- RLJob's rollout, from the gateway
+
+    def _start_rollout(self, step: int, *, ahead: bool = False) -> StepRollout:
+        top = self.version + (1 if ahead else 0)
+        rollout = StepRollout(step, self.version, (max(0, top - self.config.scheduler.staleness), top))
+        self._rollout = rollout
+        self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
+        self.accepting = True
+        self._set_phase(rollout, "rollout")
+        return rollout
+
+    def _drive(self, rollout: StepRollout, deadline: float) -> None:
+        timeout = self.config.gateway.step_timeout_s
+        until = time.monotonic() + timeout if timeout > 0 else float("inf")
+        self._rolling_out = rollout
+        try:
+            complete = self.loop.wait(rollout.complete, until)
+        finally:
+            self._rolling_out = None
+        if not complete:
+            raise RoseError(f"step {rollout.step}: {rollout.groups} of {self.config.rl.prompts_per_step} session "
+                            f"groups completed in {timeout:.0f} s (gateway.step_timeout_s): are the agents running?")
+        if self.config.scheduler.staleness == 0:
+            self.accepting = False  # calls wait for the next version (they are taken when its rollout starts)
+
+    def _refill(self, rollout: StepRollout, deadline: float) -> None:
+        """The agents decide what is rolled out: groups without reward spread are dropped, not refilled."""
+
+    def _set_phase(self, rollout: StepRollout, phase: str, report: Any = None) -> None:
+        super()._set_phase(rollout, phase, report)
+        status = self.step_status
+        if status is not None:
+            sessions, _ = self.table.counts()
+            status.trajectories_total = len(rollout.sessions) + sessions
+            status.trajectories_done = len(rollout.sessions)
+
+
+def _chat_template(policy_dir: Path) -> ChatTemplate | None:
+    """The policy's chat template, or None when it has none (the chat API then says so; completions work)."""
+    try:
+        return ChatTemplate(policy_dir)
+    except RoseError as exc:
+        log.warning("gateway: %s", exc)
+        return None

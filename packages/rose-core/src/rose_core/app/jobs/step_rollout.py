@@ -1,0 +1,56 @@
+"""One step's rollout in progress: its episodes (or the gateway's closed sessions), which are still open, the
+version window its turns run in, and what the step report counts of it."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from rose_core.app.controller.job_hooks import AcceptedTurn
+from rose_core.app.rl.algorithm.trajectory import Trajectory
+from rose_core.app.rl.environments.episode import Episode
+
+
+@dataclass(slots=True)
+class StepRollout:
+    step: int
+    version: int
+    """The newest weights when it started."""
+    window: tuple[int, int]
+    """The versions its turns may run on."""
+    episodes: dict[str, Episode] = field(default_factory=dict)
+    open: set[str] = field(default_factory=set)
+    sessions: list[Trajectory] = field(default_factory=list)
+    """The gateway's sessions this step trains on (closed by their agents; ``rose_core.app.jobs.gateway_job``)."""
+    evals: set[str] = field(default_factory=set)
+    """Held-out episodes played greedily (reported, never trained)."""
+    groups: int = 0
+    """Training groups started (the refill's next group index)."""
+    dropped: int = 0
+    turn_counts: dict[str, int] = field(default_factory=dict)
+    by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+    mismatches: int = 0
+    """Results outside their turn's version window (0 unless something is wrong)."""
+    complete: Future[None] = field(default_factory=Future)
+    """Done once the rollout has what its step trains on (``check_complete``; a refill starts a new one)."""
+
+    def finished(self, *, evals: bool = False) -> list[Trajectory]:
+        """Done trajectories: the training ones, or the evaluation ones."""
+        played = [ep.trajectory for tid, ep in self.episodes.items() if ep.done and (tid in self.evals) == evals]
+        return played if evals else played + self.sessions
+
+    def count(self, accepted: AcceptedTurn) -> None:
+        """An accepted turn of this rollout: its pool, and whether it ran inside its version window."""
+        self.by_role[accepted.role] = self.by_role.get(accepted.role, 0) + 1
+        if not accepted.ticket.min_version <= accepted.result.weight_version <= accepted.ticket.max_version:
+            self.mismatches += 1
+
+    def check_complete(self, complete: bool) -> None:
+        """Resolve ``complete`` when ``complete`` (the job's rule) first holds."""
+        if complete and not self.complete.done():
+            self.complete.set_result(None)
+
+    def reopen(self) -> None:
+        """More turns to wait for (a refill): a new ``complete``."""
+        if self.complete.done():
+            self.complete = Future()

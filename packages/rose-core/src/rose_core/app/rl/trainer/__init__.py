@@ -1,0 +1,1 @@
+"""rose_core.app.rl.trainer."""

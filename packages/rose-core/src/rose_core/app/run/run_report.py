@@ -1,0 +1,109 @@
+"""The JSON report of `rose run` and its per-step table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+from rose_core.app.jobs.step_report import StepReport
+
+
+@dataclass(slots=True)
+class RunReport:
+    steps: list[StepReport] = field(default_factory=list)
+    lost_trajectories: int = 0
+    version_mismatches: int = 0
+    weight_digest_mismatches: int = 0
+    """Engines that reported weights other than the trainer's, summed over steps (0: bit-exact)."""
+    late_results: int = 0
+    turns_rerouted: int = 0
+    turns_overdue: int = 0
+    """Turns re-routed after running over ``controller.turn_timeout_s`` (summed over steps)."""
+    turns_held_moved: int = 0
+    """Turns held back on a borrowed serving executor and moved to a dedicated one (summed over steps)."""
+    serving_requests: int = 0
+    serving_failed_requests: int = 0
+    serving_slo_violations: int = 0
+    slo_ttft_ms: float = 0.0
+    slo_tpot_ms: float = 0.0
+    executors: list[dict[str, Any]] = field(default_factory=list)
+    borrowing: list[dict[str, Any]] = field(default_factory=list)
+    """Serving executors borrowed (with every candidate's KV use) and revoked, in order (``Controller.borrowing``)."""
+    error: str = ""
+    retired_executors: dict[str, str] = field(default_factory=dict)
+    """Executors taken out of the job while it went on (a failed weight apply, an exited process), and why."""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.error
+            and bool(self.steps)
+            and self.lost_trajectories == 0
+            and self.version_mismatches == 0
+            and self.weight_digest_mismatches == 0
+            and all(s.trajectories > 0 for s in self.steps)
+        )
+
+    def add(self, step: StepReport) -> None:
+        self.steps.append(step)
+        self.lost_trajectories += step.lost_trajectories
+        self.version_mismatches += step.version_mismatches
+        self.weight_digest_mismatches += step.sync_breakdown.digest_mismatches
+        self.turns_rerouted += step.turns_rerouted
+        self.turns_overdue += step.turns_overdue
+        self.turns_held_moved += step.turns_held_moved
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: getattr(self, k) for k in self.__slots__}
+        data["steps"] = [asdict(s) for s in self.steps]
+        data["ok"] = self.ok
+        return data
+
+
+COLUMNS = [
+    ("step", "step", "{}"),
+    ("ver", "weight_version", "{}"),
+    ("traj", "trajectories", "{}"),
+    ("turns ded/srv", None, ""),
+    ("reward", "reward_mean", "{:+.3f}"),
+    ("rollout s", "rollout_seconds", "{:.1f}"),
+    ("train s", "train_seconds", "{:.2f}"),
+    ("sync s", "sync_seconds", "{:.2f}"),
+    ("sync MB", None, ""),
+    ("srv req", "serving_requests", "{}"),
+    ("TTFT p99 ms", "serving_ttft_p99_ms", "{:.0f}"),
+    ("TPOT p99 ms", "serving_tpot_p99_ms", "{:.0f}"),
+    ("SLO viol", "serving_slo_violations", "{}"),
+]
+
+
+def step_row(s: StepReport) -> list[str]:
+    cells = []
+    for title, attr, fmt in COLUMNS:
+        if title == "turns ded/srv":
+            cells.append(f"{s.turns_dedicated}/{s.turns_serving}")
+        elif title == "sync MB":
+            cells.append(f"{s.sync_bytes / 1e6:.1f}")
+        else:
+            cells.append(fmt.format(getattr(s, attr or "")))
+    return cells
+
+
+def format_table(steps: list[StepReport]) -> str:
+    header = [title for title, _, _ in COLUMNS]
+    rows = [header, *(step_row(s) for s in steps)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def sync_summary(steps: list[StepReport]) -> str:
+    """One line: the median weight sync and the median of each of its parts (``sync_breakdown``)."""
+    if not steps:
+        return ""
+    parts = [(name, median(getattr(s.sync_breakdown, f"{name}_s") for s in steps))
+             for name in ("publish", "transfer", "apply", "wait")]
+    return (f"weight sync median {median(s.sync_seconds for s in steps):.2f} s: "
+            + " · ".join(f"{name} {value:.2f}" for name, value in parts) + " (transfer/apply/wait: max over executors)")

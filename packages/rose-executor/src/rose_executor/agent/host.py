@@ -1,0 +1,170 @@
+"""What an executor runs on its host, built in one place: the engines (serving and rollout), the production
+endpoint and the lending lease of a serving host, the rollout runner, the co-serving guard and its serving
+monitor, the weight updater, and the rollout engine's memory they share.
+
+``build_host`` starts them in order (a serving host: lease, endpoint reserved, serving engine, rollout engine,
+profiles and guard, endpoint serving; a dedicated one: the rollout engine); ``Host.stop`` stops what was
+started, endpoint and lease first, engines last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rose_core.protocol.messages import ErrorReport, Register, Role
+from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.config import ExecutorConfig
+from rose_executor.engine.engine_launcher import EngineLauncher
+from rose_executor.engine.engine_protocol import Engine
+from rose_executor.engine.engine_settings import engine_spec_for
+from rose_executor.engine.engine_spec import Purpose
+from rose_executor.host.device import Device, describe_device
+from rose_executor.host.lending_lease import AlreadyLent, Holder, LendingLease
+from rose_executor.memory.serving_first_budget import memory_budget
+from rose_executor.profile.colocated_profile import load_or_profile_colocated
+from rose_executor.profile.latency_profile import load_or_profile
+from rose_executor.profile.model_info import describe_model
+from rose_executor.rollout.engine_memory import EngineMemory
+from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
+from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.serving_monitor import ServingMonitor
+from rose_executor.weights.weight_updater import WeightUpdater
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    """Who this host is, for building it: its config, role, id, device, the controller it serves, its keys."""
+
+    config: ExecutorConfig
+    role: Role
+    executor_id: str
+    device: Device
+    controller: str
+    weights_key: bytes
+    metrics_endpoint: str = ""
+    controller_id: str = ""
+
+
+@dataclass(slots=True)
+class Host:
+    """What ``build_host`` started (``None``: not on this role, or not started yet)."""
+
+    plan: HostPlan
+    launcher: EngineLauncher
+    engines: list[Engine] = field(default_factory=list)
+    serving: Engine | None = None
+    server: OpenAIServer | None = None
+    lease: LendingLease | None = None
+    runner: RolloutRunner | None = None
+    co_serving: CoServing | None = None
+    monitor: ServingMonitor | None = None
+    updater: WeightUpdater | None = None
+
+    def register_message(self) -> Register:
+        plan, cfg = self.plan, self.plan.config
+        models = [describe_model(cfg.policy_model_dir, "rollout")]
+        if plan.role == "serving":
+            models.insert(0, describe_model(cfg.serving_model_dir, "serving", cfg.serving_model_name))
+        device = describe_device(plan.device)
+        return Register(
+            executor_id=plan.executor_id, role=plan.role, device=device.device, host=cfg.advertise_host,
+            models=models, memory_bytes=device.memory_bytes, rollout_capacity=cfg.rollout_capacity,
+            serving_endpoint=self.serving_endpoint(), metrics_endpoint=plan.metrics_endpoint,
+            weight_version=self.runner.weight_version if self.runner else 0,
+        )
+
+    def serving_endpoint(self) -> str:
+        if self.server is None:
+            return ""
+        host = self.server.host
+        if host in ("0.0.0.0", "::", ""):
+            host = self.plan.config.advertise_host
+        return f"http://{host}:{self.server.port}/v1"
+
+    async def stop(self) -> None:
+        """Stop the endpoint and release the lease, then every engine (in parallel), then the launcher."""
+        if self.updater is not None:
+            await self.updater.close()
+        if self.server is not None:
+            await self.server.stop()
+        if self.lease is not None:
+            self.lease.release()
+        started = time.perf_counter()
+        await asyncio.gather(*(asyncio.to_thread(engine.shutdown) for engine in self.engines))
+        if self.engines:
+            log.info("%d engines stopped in %.1f s", len(self.engines), time.perf_counter() - started)
+        self.engines.clear()
+        self.serving = None
+        await asyncio.to_thread(self.launcher.close)
+
+
+async def build_host(host: Host, send: Reply, on_sustained_pressure: Callable[[float], None]) -> None:
+    """Start everything ``host.plan`` asks for into ``host`` (what started is in ``host`` if this raises).
+    ``on_sustained_pressure``: what the guard calls when serving had no headroom for
+    ``revoke_after_pressure_s`` (the agent revokes the host)."""
+    plan, cfg = host.plan, host.plan.config
+    if plan.role == "serving":
+        host.server = OpenAIServer(cfg.serving_host, cfg.serving_port)
+        if cfg.serving_port:
+            _take_lease(host, f"{cfg.serving_host}:{cfg.serving_port}", send)  # before the bind: name the holder
+        host.server.reserve()
+        if not cfg.serving_port:
+            _take_lease(host, f"{cfg.serving_host}:{host.server.port}", send)
+        host.serving = await _start_engine(host, cfg.serving_model_dir, "serving")
+    rollout = await _start_engine(host, cfg.policy_model_dir, "rollout")
+    memory = memory_budget(cfg, plan.device) if host.serving is not None else None
+    host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout_capacity, send, weight_version=0,
+                                guarded=host.serving is not None, memory=memory)
+    engine_memory = EngineMemory(rollout)
+    if host.serving is not None and host.server is not None:
+        await _start_guard(host, (host.serving, rollout), host.runner, engine_memory, on_sustained_pressure)
+        await host.server.start(host.serving, cfg.serving_model_name)
+    host.updater = WeightUpdater(
+        host.runner, rollout, executor_id=plan.executor_id, secret=plan.weights_key, send=send,
+        fetch_timeout_s=cfg.weight_fetch_timeout_s, drain_timeout_s=cfg.weight_drain_timeout_s,
+        relay=cfg.weight_relay, engine_memory=engine_memory,
+    )
+
+
+def _take_lease(host: Host, endpoint: str, send: Reply) -> None:
+    """One RL job per serving host: hold its lending lease, or tell the controller who holds it and stop."""
+    lease = LendingLease(endpoint)
+    try:
+        lease.acquire(Holder(host.plan.executor_id, host.plan.controller, host.plan.controller_id))
+    except AlreadyLent as exc:
+        send(ErrorReport(code="already_lent", message=str(exc)[:500]))
+        raise
+    host.lease = lease
+
+
+async def _start_engine(host: Host, model_dir: str, purpose: Purpose) -> Engine:
+    started = time.perf_counter()
+    spec = engine_spec_for(host.plan.config, host.plan.device, Path(model_dir), purpose)
+    engine = await host.launcher.start(spec)
+    host.engines.append(engine)
+    log.info("%s engine for %s ready in %.1f s", purpose, model_dir, time.perf_counter() - started)
+    return engine
+
+
+async def _start_guard(host: Host, engines: tuple[Engine, Engine], runner: RolloutRunner, engine_memory: EngineMemory,
+                       on_sustained_pressure: Callable[[float], None]) -> None:
+    """Profile both engines (or load the cached profiles), then let the monitor see serving traffic."""
+    cfg, (serving, rollout) = host.plan.config, engines
+    cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
+    profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
+    colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.colocated_profile else None
+    host.co_serving = CoServing.build(cfg, profiles, engines, runner, colocated, engine_memory=engine_memory,
+                                      on_sustained_pressure=on_sustained_pressure)
+    admission = host.co_serving.guard.admission.config
+    host.monitor = ServingMonitor(admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction,
+                                  cfg.latency_window_s)
+    if cfg.p99_feedback:
+        host.co_serving.set_feedback(host.monitor.has_headroom)
+    serving.attach_observer(host.monitor)

@@ -1,0 +1,1 @@
+"""rose_executor.profile."""

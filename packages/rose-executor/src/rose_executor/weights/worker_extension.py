@@ -1,0 +1,43 @@
+"""Methods ROSE adds to every vLLM worker (``worker_extension_cls``); this module must not import vllm.
+
+vLLM mixes ``RoseWorkerExtension`` into its worker class, so ``self`` is the worker and
+``AsyncLLM.collective_rpc("rose_weights_stage", args=(...))`` runs in each worker process. The engine
+core runs these calls between two engine steps; ``rose_weights_stage`` only starts a background pull
+and returns, so the engine keeps stepping while a version arrives, and ``rose_weights_commit`` applies
+it in place (``engine_weights.EngineWeights``). Arguments travel pickled: plain values only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rose_core.protocol.messages import WeightAnnounce
+from rose_executor.weights.engine_weights import EngineWeights
+
+
+class RoseWorkerExtension:
+    """Mixed into vLLM's worker class; ``self`` is the worker."""
+
+    def _rose_weights(self) -> EngineWeights:
+        weights: EngineWeights | None = getattr(self, "_rose_engine_weights", None)
+        if weights is None:
+            weights = EngineWeights(self.model_runner.get_model())  # type: ignore[attr-defined]
+            self._rose_engine_weights = weights
+        return weights
+
+    def rose_weights_stage(self, announce: bytes, secret: bytes, receiver_id: str, relay: str) -> None:
+        """Start pulling the announced version (msgpack ``WeightAnnounce``) in the background."""
+        order = msgspec.msgpack.decode(announce, type=WeightAnnounce)
+        self._rose_weights().stage(order, secret=secret, receiver_id=receiver_id, relay=relay)
+
+    def rose_weights_commit(self, version: int, timeout_s: float) -> dict[str, Any]:
+        """Apply the staged ``version`` to this worker's parameters in place; what it took."""
+        return self._rose_weights().commit(version, timeout_s).as_dict()
+
+    def rose_weights_discard(self) -> None:
+        self._rose_weights().discard()
+
+    def rose_weights_digest(self) -> str:
+        return self._rose_weights().digest()
