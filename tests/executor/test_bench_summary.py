@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from rose_executor.bench.co_serving_bench import (
+from rose_executor.bench.bench_load import TokenCounter
+from rose_executor.bench.bench_window import (
     CONFIGS,
     HARVEST_KEYS,
     LEVELS,
-    TokenCounter,
     Window,
     harvest_ratio,
     slo_from_alone,

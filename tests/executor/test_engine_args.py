@@ -15,7 +15,8 @@ from rose_core.support.errors import ConfigError, RoseError
 from rose_executor.config import ExecutorConfig, parse_executor_config
 from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
-from rose_executor.engine.vllm_engine import VllmEngine, _engine_args
+from rose_executor.engine.vllm_args import engine_args
+from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.host.device import Device, describe_device, resolve_device
 
 GIB = 1 << 30
@@ -27,7 +28,7 @@ def config(**settings: object) -> ExecutorConfig:
 
 
 def args_for(cfg: ExecutorConfig, device: Device, purpose: Purpose, model_dir: Path) -> Any:
-    return _engine_args(engine_spec_for(cfg, device, model_dir, purpose))
+    return engine_args(engine_spec_for(cfg, device, model_dir, purpose))
 
 
 def gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:

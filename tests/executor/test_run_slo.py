@@ -8,7 +8,7 @@ import pytest
 import tomli_w
 
 from rose_core.app.config import RunConfig
-from rose_core.app.run.rose_run import DEMO_SLO_FROM_PROFILE, executor_config
+from rose_core.app.run.executor_files import DEMO_SLO_FROM_PROFILE, executor_config
 from rose_executor.co_serving.co_serving import slo_budgets
 from rose_executor.config import parse_executor_config
 from rose_executor.profile.latency_profile import EngineProfile

@@ -22,7 +22,7 @@ import zmq
 
 from rose_core.app.config import load_config
 from rose_core.app.rl.demo.models import ensure_models
-from rose_core.app.run.rose_run import executor_config
+from rose_core.app.run.executor_files import executor_config
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import Signer, write_new_secret
 from rose_core.protocol.wire import Framer

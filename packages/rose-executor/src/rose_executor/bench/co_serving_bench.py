@@ -38,9 +38,8 @@ import asyncio
 import itertools
 import logging
 import os
-import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,28 +47,40 @@ from typing import Any
 import numpy as np
 
 from rose_core.policy import CoServingGuard, GuardSettings, SloBudgets, hold_margin_s
-from rose_core.protocol.messages import SamplingParams, ToController, TurnAborted, TurnRequest, TurnResult
+from rose_core.protocol.messages import ToController, TurnResult
+from rose_executor.bench.bench_load import (
+    ROLLOUT_CONCURRENCY,
+    ROLLOUT_PROMPT,
+    ROLLOUT_TOKENS,
+    SERVING_PROMPT,
+    SERVING_TOKENS,
+    RolloutLoad,
+    StatsCollector,
+    TokenCounter,
+    bench_turn,
+    serving_traffic,
+)
+from rose_executor.bench.bench_window import (
+    LEVELS,
+    Window,
+    attainment,
+    harvest_ratio,
+    median,
+    p99,
+    slo_from_alone,
+    summarize,
+)
 from rose_executor.bench.demo_models import demo_models
 from rose_executor.bench.device_wait import measure_device_wait
 from rose_executor.bench.worker_cpu import WorkerCpu, descendants
 from rose_executor.co_serving.co_serving import CoServing
-from rose_executor.engine.engine_protocol import Engine, GenerationOutput
+from rose_executor.engine.engine_protocol import Engine
 from rose_executor.profile.colocated_profile import guard_serving_model, load_or_profile_colocated
 from rose_executor.profile.latency_profile import EngineProfile, default_cache_dir, load_or_profile
 from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 
-LEVELS = {"low": 0.2, "medium": 0.5, "high": 0.8}
-CONFIGS = ("alone", "unguarded", "guarded")
-HARVEST_KEYS = ("harvest_ratio", "harvest_ratio_unguarded")
-SERVING_PROMPT, SERVING_TOKENS = 32, 32
-ROLLOUT_PROMPT = (512, 896)
-"""Rollout prompt lengths, uniform in [lo, hi): agentic turns carry their trajectory's context, so rollout work
-is prefill-heavy (one or two 512-token chunks per turn) and lengths differ, so turns do not finish in lockstep."""
-ROLLOUT_TOKENS, ROLLOUT_CONCURRENCY = 128, 32
-"""32 turns in flight (16 until 2026-12-05, decision 825): at 16 the unguarded rollout missed the SLO at
-medium load in the median of only 2 invocations of 3; at 32 nearly every rollout step carries a prefill chunk."""
 PREFILL_CHUNK_TOKENS = 512
 """The rollout engine's prefill chunk: the executor's default ``prefill_chunk_tokens`` (the guard's admission unit)."""
 CALIBRATION_PASSES = 3
@@ -79,152 +90,9 @@ SLO_MULTIPLE = 1.5
 """Default SLO = 1.5 x the serving-alone p99 (median over the calibration windows): tight enough that co-location without the guard breaks it
 on this machine (at 3x it does not), loose enough that serving alone meets it."""
 GUARD_TICK_S = 0.01
-WARM_UP_TIMEOUT_S = 120.0
 STATS_LAG_S = 5.0
 ACTIVATION_TRIALS = 10
 ACTIVATION_PROMPT = 64
-
-
-@dataclass(slots=True)
-class StatsCollector:
-    """The serving engine's stat-logger observer for one measurement window."""
-
-    finished: list[tuple[float, float]] = field(default_factory=list)
-    itls: list[float] = field(default_factory=list)
-
-    def on_iteration(
-        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
-    ) -> None:
-        self.itls.extend(tpots)
-        self.finished.extend(finished)
-
-    def on_scheduler(self, kv_usage_ratio: float) -> None:
-        return None
-
-
-@dataclass(slots=True)
-class TokenCounter:
-    """The rollout engine's stat-logger observer: tokens generated, finished turns or not (one per first token,
-    one per inter-token gap), so a window's throughput does not depend on which turns happen to end in it."""
-
-    tokens: int = 0
-
-    def on_iteration(
-        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
-    ) -> None:
-        self.tokens += len(ttfts) + len(tpots)
-
-    def on_scheduler(self, kv_usage_ratio: float) -> None:
-        return None
-
-
-class RolloutLoad:
-    """Keeps ``ROLLOUT_CONCURRENCY`` long rollout turns submitted through a real ``RolloutRunner``. Each turn's
-    prompt is drawn from the next of ``seeds``, shared by every window of the bench: no prompt recurs, so no
-    window's rollout prefill is served from the prefix cache a previous window filled."""
-
-    def __init__(self, engine: Engine, guarded: bool, seeds: Iterator[int]) -> None:
-        self._seeds = seeds
-        self._finished = 0
-        self._warm = asyncio.Event()
-        self._n = 0
-        self._stopped = False
-        self.runner = RolloutRunner(engine, "bench", ROLLOUT_CONCURRENCY, self._on_reply, guarded=guarded)
-
-    def start(self) -> None:
-        for _ in range(ROLLOUT_CONCURRENCY):
-            self._submit()
-
-    async def warm_up(self) -> None:
-        """Wait until ``ROLLOUT_CONCURRENCY`` turns have finished: the engine is in its steady state, not in the
-        first prefill of every turn at once."""
-        await asyncio.wait_for(self._warm.wait(), WARM_UP_TIMEOUT_S)
-
-    def _submit(self) -> None:
-        self._n += 1
-        rng = np.random.default_rng(next(self._seeds))
-        prompt = rng.integers(3, 153, int(rng.integers(*ROLLOUT_PROMPT)), dtype=np.int32)
-        self.runner.submit(_turn(f"r{self._n}", prompt, ROLLOUT_TOKENS))
-
-    def _on_reply(self, msg: ToController) -> None:
-        if isinstance(msg, TurnResult):
-            self._finished += 1
-            if self._finished >= ROLLOUT_CONCURRENCY:
-                self._warm.set()
-        if isinstance(msg, (TurnResult, TurnAborted)) and not self._stopped:
-            asyncio.get_running_loop().call_soon(self._submit)
-
-    async def stop(self) -> None:
-        self._stopped = True
-        await self.runner.abort_all("shutdown")
-
-
-async def serving_traffic(engine: Engine, rps: float, seconds: float, seed: int, prompts: Iterator[int]) -> int:
-    """Bursty open-loop traffic: bursts of 1-4 requests, burst gaps exponential at ``rps`` on average. Each
-    request's prompt comes from the next of ``prompts`` (shared by every window: none recurs, so none is
-    answered from the prefix cache an earlier window filled)."""
-    rng = random.Random(seed)
-    params = SamplingParams(max_tokens=SERVING_TOKENS, temperature=0.0, logprobs=False)
-    tasks: list[asyncio.Task[GenerationOutput]] = []
-    end = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < end:
-        burst = rng.randint(1, 4)
-        for _ in range(burst):
-            n += 1
-            prompt = np.random.default_rng(next(prompts)).integers(3, 153, SERVING_PROMPT).tolist()
-            tasks.append(asyncio.create_task(engine.generate(f"serve-{seed}-{n}", prompt, params)))
-        await asyncio.sleep(rng.expovariate(rps / 2.5))
-    await asyncio.gather(*tasks)
-    return n
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One measured configuration at one load level."""
-
-    ttft_p99_s: float
-    tpot_p99_s: float
-    rollout_tokens_per_s: float
-    finished: list[tuple[float, float]]
-    """(TTFT, mean TPOT) of every finished serving request."""
-    itls: list[float]
-    """Every inter-token latency."""
-    serving_device_share: float = 0.0
-    """Serving workers' CPU seconds / window seconds: the share of the device serving used."""
-    rollout_device_share: float = 0.0
-    """The same for the rollout engine's workers."""
-
-    def row(self, slo_ttft: float, slo_tpot: float) -> dict[str, float]:
-        return {
-            "serving_ttft_p99_ms": self.ttft_p99_s * 1e3,
-            "serving_tpot_p99_ms": self.tpot_p99_s * 1e3,
-            "slo_attainment": attainment(self.finished, slo_ttft, slo_tpot),
-            "rollout_tokens_per_s": self.rollout_tokens_per_s,
-            "requests": float(len(self.finished)),
-            "ttft_violations": float(sum(1 for t, _ in self.finished if t > slo_ttft)),
-            "tpot_violations": float(sum(1 for _, m in self.finished if m > slo_tpot)),
-            "serving_device_share": self.serving_device_share,
-            "rollout_device_share": self.rollout_device_share,
-        }
-
-
-def slo_from_alone(windows: Iterable[Window], multiple: float, ttft_floor_extra_s: float = 0.0) -> tuple[float, float]:
-    """SLO budgets: ``multiple`` x the typical serving-alone p99, the median over the windows (every level of
-    every calibration pass) of each window's TTFT and inter-token p99 (on a shared noisy host one window's p99
-    can be a single outlier burst of another tenant; the median ignores it). The TTFT budget is at least that
-    p99 plus ``ttft_floor_extra_s`` (the guard's margin: the rollout step a hold cannot stop, and the device's
-    wait): no co-location that cannot preempt a step keeps a tighter one (``CoServingGuard.ttft_floor_s``)."""
-    pooled = list(windows)
-    ttft = float(np.median([w.ttft_p99_s for w in pooled]))
-    return (
-        max(multiple * ttft, ttft + ttft_floor_extra_s),
-        multiple * float(np.median([w.tpot_p99_s for w in pooled])),
-    )
-
-
-def p99(values: Sequence[float]) -> float:
-    return float(np.percentile(np.asarray(values), 99)) if values else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,23 +172,10 @@ async def rollout_alone(rig: Rig, seconds: float) -> tuple[float, float]:
     return rate, share
 
 
-def harvest_ratio(window: Window) -> float:
-    """The share of the device time serving left in this window that the rollout engine used:
-    rollout device share / (1 - serving device share). Both engines' workers compute on the same cores, so the
-    two shares sum to at most 1 and the ratio cannot exceed 1."""
-    leftover = 1.0 - window.serving_device_share
-    return window.rollout_device_share / leftover if leftover > 0.0 else 0.0
-
-
 def capacity_rps(profile: EngineProfile) -> float:
     """Serving requests per second one sequence at a time (prefill + every decode step), from the profile."""
     model = profile.latency_model()
     return 1.0 / (model.prefill_s(SERVING_PROMPT) + SERVING_TOKENS * model.decode_step_s(1))
-
-
-def attainment(finished: Sequence[tuple[float, float]], ttft: float, tpot: float) -> float:
-    ok = sum(1 for t, m in finished if t <= ttft and m <= tpot)
-    return ok / len(finished) if finished else 1.0
 
 
 DEVICE_MODELS = ("batch", "cfs")
@@ -457,40 +312,6 @@ async def _one_repeat(
     return {"levels": levels, "rollout_alone_tokens_per_s": alone_rate, "rollout_alone_device_share": alone_share}
 
 
-def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Median over repeats of every metric (the issue's JSON shape), min / max under ``spread``, and the
-    attainment over all requests of all repeats under ``pooled_slo_attainment``."""
-    levels: dict[str, Any] = {}
-    spread: dict[str, Any] = {}
-    pooled: dict[str, Any] = {}
-    for name in LEVELS:
-        rows = [run["levels"][name] for run in runs]
-        levels[name], spread[name], pooled[name] = {}, {}, {}
-        for config in CONFIGS:
-            metrics = rows[0][config].keys()
-            levels[name][config] = {m: _median([r[config][m] for r in rows]) for m in metrics}
-            spread[name][config] = {m: [min(r[config][m] for r in rows), max(r[config][m] for r in rows)]
-                                    for m in metrics}  # fmt: skip
-            requests = sum(r[config]["requests"] for r in rows)
-            ok = sum(r[config]["slo_attainment"] * r[config]["requests"] for r in rows)
-            pooled[name][config] = ok / requests if requests else 1.0
-        for key in HARVEST_KEYS:
-            values = [r[key] for r in rows]
-            levels[name][key] = _median(values)
-            spread[name][key] = [min(values), max(values)]
-    return {
-        "levels": levels,
-        "rollout_alone_tokens_per_s": _median([run["rollout_alone_tokens_per_s"] for run in runs]),
-        "rollout_alone_device_share": _median([run["rollout_alone_device_share"] for run in runs]),
-        "spread": spread,
-        "pooled_slo_attainment": pooled,
-    }
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(np.median(np.asarray(values, dtype=float)))
-
-
 async def activation(serving: Engine, rollout: Engine, guard: CoServingGuard) -> dict[str, Any]:
     """Inactive -> active: the rollout engine held by an idle guard (no turn, nothing reserved), one 64-token
     turn of 1 output token submitted; milliseconds to its result, against the same turn on an active engine."""
@@ -498,11 +319,11 @@ async def activation(serving: Engine, rollout: Engine, guard: CoServingGuard) ->
     active = await _turn_latencies(serving, rollout, None)
     return {
         "trials": ACTIVATION_TRIALS,
-        "inactive_turn_ms": {"median": _median(inactive), "max": max(inactive)},
-        "active_turn_ms": {"median": _median(active), "max": max(active)},
+        "inactive_turn_ms": {"median": median(inactive), "max": max(inactive)},
+        "active_turn_ms": {"median": median(active), "max": max(active)},
         "activation_ms": {
-            "median": _median(inactive) - _median(active),
-            "max": max(inactive) - _median(active),
+            "median": median(inactive) - median(active),
+            "max": max(inactive) - median(active),
         },
     }
 
@@ -526,7 +347,7 @@ async def _turn_latencies(serving: Engine, rollout: Engine, guard: CoServingGuar
             pending.append(loop.create_future())
             prompt = (np.arange(ACTIVATION_PROMPT, dtype=np.int32) * 11 + i) % 150 + 3
             started = time.monotonic()
-            runner.submit(_turn(f"act-{guard is not None}-{i}", prompt, 1))
+            runner.submit(bench_turn(f"act-{guard is not None}-{i}", prompt, 1))
             answer = await asyncio.wait_for(pending[-1], 30.0)
             if not isinstance(answer, TurnResult):
                 raise RuntimeError(f"activation turn did not finish: {answer}")
@@ -539,13 +360,3 @@ async def _turn_latencies(serving: Engine, rollout: Engine, guard: CoServingGuar
     return latencies
 
 
-def _turn(turn_id: str, prompt: np.ndarray, max_tokens: int) -> TurnRequest:
-    return TurnRequest(
-        turn_id=turn_id,
-        trajectory_id=f"t-{turn_id}",
-        attempt=0,
-        prompt_token_ids=prompt,
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, logprobs=False),
-        min_version=0,
-        max_version=0,
-    )

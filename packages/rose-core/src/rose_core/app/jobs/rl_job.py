@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -38,8 +38,9 @@ from rose_core.app.controller.controller_metrics import STEP_SECONDS
 from rose_core.app.controller.job_hooks import AcceptedTurn, JobStatus, TurnPayload
 from rose_core.app.jobs.external_trainer import ExternalTrainer
 from rose_core.app.jobs.serving_window import ServingTraffic
-from rose_core.app.jobs.step_report import StepReport, share, train_figures
+from rose_core.app.jobs.step_report import StepReport, prefix_hit_ratio, share, train_figures
 from rose_core.app.jobs.step_rollout import StepRollout
+from rose_core.app.jobs.trainer_protocol import Trainer
 from rose_core.app.rl.algorithm.grpo import build_samples_from_config, informative_groups
 from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.algorithm.trajectory import Trajectory
@@ -47,7 +48,6 @@ from rose_core.app.rl.environments.codec import TextCodec
 from rose_core.app.rl.environments.episode import Episode
 from rose_core.app.rl.environments.registry import load_environment
 from rose_core.app.weight_publisher import WeightPublisher, WeightRelay
-from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import SamplingParams, StepStarted, StepStatus, WeightAnnounce
 from rose_core.scheduler import TurnTicket
 from rose_core.support.errors import RoseError
@@ -59,19 +59,6 @@ PROGRESS_S = 0.5
 EVAL_SEED_BASE = 10**12
 """Seeds of the held-out evaluation maps (training seeds, ``rl.seed * 1_000_003 + step * 1000 + p``, stay far
 below for any realistic seed and step count)."""
-
-
-class Trainer(Protocol):
-    def train_step(self, samples: list[TrainSample]) -> Any: ...
-
-    def export_weights(self) -> dict[str, Any]: ...
-
-    def engine_layout(self) -> EngineLayout: ...
-
-    def save_checkpoint(self, root: Path, *, step: int, weight_version: int, keep: int, extra: Mapping[str, Any],
-                        rl: Mapping[str, Any]) -> Path: ...
-
-    def load_checkpoint(self, path: Path) -> Any: ...
 
 
 class RLJob:
@@ -392,17 +379,8 @@ class RLJob:
             serving_tpot_p99_ms=window.tpot_p99_ms if window else 0.0,
             serving_slo_violations=window.slo_violations if window else 0,
             lost_trajectories=len(rollout.open), version_mismatches=rollout.mismatches,
-            published_version=self.version, prefix_hit_ratio=self._prefix_hit_ratio(),
+            published_version=self.version, prefix_hit_ratio=prefix_hit_ratio(self.controller.stats, self._prefix_before),
             success_rate=share(t.success for t in trajectories),
             eval_success=share(t.success for t in evals) if rollout.evals else None,
             dropped_groups=rollout.dropped, groups=rollout.groups,
         )
-
-    def _prefix_hit_ratio(self) -> dict[str, float]:
-        stats, (prompt0, hit0) = self.controller.stats, self._prefix_before
-        out = {}
-        for role, prompt in stats.prompt_tokens_by_role.items():
-            tokens = prompt - prompt0.get(role, 0)
-            hits = stats.prefix_hit_tokens_by_role.get(role, 0) - hit0.get(role, 0)
-            out[role] = round(hits / tokens, 4) if tokens else 0.0
-        return out

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_core.app.controller.controller_stats import ControllerStats
 from rose_core.app.controller.weight_sync import SyncBreakdown
 
 
@@ -80,3 +81,15 @@ def train_figures(stats: Any) -> dict[str, float | None]:
 def share(flags: Iterable[bool]) -> float:
     values = list(flags)
     return sum(values) / len(values) if values else 0.0
+
+
+def prefix_hit_ratio(stats: ControllerStats, before: tuple[dict[str, int], dict[str, int]]) -> dict[str, float]:
+    """Per pool: the prompt tokens of the turns accepted since ``before`` (prompt and prefix-hit tokens by pool)
+    served from the prefix cache."""
+    prompt0, hit0 = before
+    out = {}
+    for role, prompt in stats.prompt_tokens_by_role.items():
+        tokens = prompt - prompt0.get(role, 0)
+        hits = stats.prefix_hit_tokens_by_role.get(role, 0) - hit0.get(role, 0)
+        out[role] = round(hits / tokens, 4) if tokens else 0.0
+    return out

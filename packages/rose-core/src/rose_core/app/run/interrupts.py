@@ -1,0 +1,32 @@
+"""Ctrl-C and SIGTERM during a run, as one exception the run's ``finally`` handles (every child stopped, the
+report written, exit 130)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+
+class Interrupted(KeyboardInterrupt):
+    """What Ctrl-C and SIGTERM raise during a run, instead of a bare ``KeyboardInterrupt``.
+
+    CPython flags a bare ``KeyboardInterrupt`` that leaves code run by ``exec()`` (a dataclass being created
+    while torch or transformers import) as unhandled even when it is caught further up, and at exit kills
+    itself with SIGINT whatever status it was asked to exit with (`rose run` then ended -2 instead of 130
+    in about half of the interrupts). It checks the exception's type exactly: a subclass is not flagged."""
+
+
+@contextmanager
+def signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread while the run goes."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
