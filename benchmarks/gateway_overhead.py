@@ -89,9 +89,9 @@ def start_run(work: Path, models: Path) -> tuple[subprocess.Popen[str], str, str
 def start_vllm_server(models: Path) -> tuple[subprocess.Popen[bytes], str]:
     """vLLM's own OpenAI server on the policy model, the settings of the executor's CPU rollout engine (eager,
     bf16, 1 GiB KV cache, the job's context, ``prefill_chunk_tokens`` chunks); its URL once ``/health`` answers."""
-    from rose_executor.config import ExecutorConfig
+    from rose_core.config.executor_config import RolloutSection
 
-    chunk = ExecutorConfig(policy_model_dir=str(models / "policy")).prefill_chunk_tokens
+    chunk = RolloutSection(model_dir=str(models / "policy")).prefill_chunk_tokens
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

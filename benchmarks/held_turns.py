@@ -26,7 +26,7 @@ CONFIG = """
 run_dir = "{run_dir}"
 
 [rl]
-lr = {lr}
+trainer.lr = {lr}
 
 [scheduler]
 move_held_after_s = {after}

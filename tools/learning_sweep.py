@@ -4,7 +4,7 @@ defaults without vLLM.
 Same code paths as ``rose_core.app.jobs.rl_job`` except the sampler: per step the episodes are built exactly as
 ``RLJob._start_rollout`` builds them (env seed ``rl.seed * 1_000_003 + step * 1000 + p``, ``FrozenLakeEnv``,
 ``Episode``, the policy's codec from ``load_tokenizer``), each turn is sampled from the trainer's own Hugging Face
-model (``torch.multinomial`` at ``rl.temperature``, at most ``rl.max_tokens_per_turn`` tokens, stopping after EOS,
+model (``torch.multinomial`` at ``rl.sampling.temperature``, at most ``rl.max_tokens_per_turn`` tokens, stopping after EOS,
 which is kept in the response as vLLM keeps it), the sampled tokens' logprobs are the behaviour logprobs, and the
 step trains with ``build_samples_from_config`` + ``PolicyTrainer.from_config(...).train_step``.
 
@@ -82,12 +82,13 @@ class RunResult:
 
 
 def make_config(args: argparse.Namespace, seed: int) -> Any:
-    from rose_core.app.config import RLConfig
+    from rose_core.app.rl_config import RLConfig, SamplingConfig, TrainerConfig
 
     return RLConfig(
         steps=args.steps, prompts_per_step=args.prompts, group_size=args.group, max_turns=args.max_turns,
-        max_tokens_per_turn=args.max_tokens, temperature=args.temperature, lr=args.lr, epochs=args.epochs,
-        env_size=args.env_size, seed=seed, algorithm=args.algorithm,
+        max_tokens_per_turn=args.max_tokens, sampling=SamplingConfig(temperature=args.temperature),
+        trainer=TrainerConfig(lr=args.lr, epochs=args.epochs), env_size=args.env_size, seed=seed,
+        algorithm=args.algorithm,
     )
 
 
@@ -144,7 +145,7 @@ def run(rl: Any, models_dir: Path, *, verbose: bool = True) -> RunResult:
         version = step - 1
         for episode in episodes:
             while not episode.done:
-                ids, lps = sample_turn(trainer.model, episode.prompt(), rl.max_tokens_per_turn, rl.temperature,
+                ids, lps = sample_turn(trainer.model, episode.prompt(), rl.max_tokens_per_turn, rl.sampling.temperature,
                                        codec.eos_id, generator)
                 episode.advance(ids, lps, version)
                 turns += 1
@@ -155,7 +156,7 @@ def run(rl: Any, models_dir: Path, *, verbose: bool = True) -> RunResult:
         stats = trainer.train_step(samples)
         train_s = time.perf_counter() - t1
         tokens = sum(s.length for s in samples)
-        live = turns * LIVE_ROLLOUT_S_PER_TURN + tokens * rl.epochs * LIVE_TRAIN_S_PER_TOKEN_EPOCH + LIVE_SYNC_S
+        live = turns * LIVE_ROLLOUT_S_PER_TURN + tokens * rl.trainer.epochs * LIVE_TRAIN_S_PER_TOKEN_EPOCH + LIVE_SYNC_S
         sr = StepResult(
             step=step, reward_mean=statistics.fmean(t.total_reward for t in trajectories),
             success_rate=statistics.fmean(float(t.success) for t in trajectories), trajectories=len(trajectories),
@@ -172,9 +173,10 @@ def run(rl: Any, models_dir: Path, *, verbose: bool = True) -> RunResult:
 
 
 def _fields(rl: Any) -> dict[str, Any]:
-    return {k: getattr(rl, k) for k in ("steps", "prompts_per_step", "group_size", "max_turns",
-                                        "max_tokens_per_turn", "temperature", "lr", "epochs", "env_size", "seed",
-                                        "algorithm", "clip_low", "clip_high", "loss_agg")}
+    top = {k: getattr(rl, k) for k in ("steps", "prompts_per_step", "group_size", "max_turns", "max_tokens_per_turn",
+                                       "env_size", "seed", "algorithm")}
+    return {**top, "temperature": rl.sampling.temperature, "lr": rl.trainer.lr, "epochs": rl.trainer.epochs,
+            "clip_low": rl.loss.clip_low, "clip_high": rl.loss.clip_high, "loss_agg": rl.loss.loss_agg}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

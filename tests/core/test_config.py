@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -40,17 +41,17 @@ def test_partial_config_overrides_only_what_it_names() -> None:
         (b"[executors]\nstart_timeout_s = 0\n", "`start_timeout_s` must be > 0"),
         (b"[rl]\nweight_sync_timeout_s = 0\n", "`weight_sync_timeout_s` must be > 0"),
         (b"[rl]\nmax_context_tokens = 0\n", "`max_context_tokens` must be > 0"),
-        (b"[rl]\ntemperature = -0.5\n", "`temperature` must be >= 0"),
+        (b"[rl.sampling]\ntemperature = -0.5\n", "`temperature` must be >= 0"),
         (b"steps = [", "not valid TOML"),
-        (b"[rl]\nclip_low = 0.3\nclip_high = 0.2\n", "`clip_high` 0.2 must be >= `clip_low` 0.3"),
-        (b"[rl]\nalgorithm = 'dapo'\nclip_low = 0.3\n", "`clip_high` 0.28 must be >= `clip_low` 0.3"),
-        (b"[rl]\nclip_low = 1.0\n", "`clip_low` 1.0 must be in (0, 1)"),
+        (b"[rl.loss]\nclip_low = 0.3\nclip_high = 0.2\n", "`clip_high` 0.2 must be >= `clip_low` 0.3"),
+        (b"[rl]\nalgorithm = 'dapo'\nloss.clip_low = 0.3\n", "`clip_high` 0.28 must be >= `clip_low` 0.3"),
+        (b"[rl.loss]\nclip_low = 1.0\n", "`clip_low` 1.0 must be in (0, 1)"),
         (b"[rl]\nalgorithm = 'ppo'\n", "`algorithm` 'ppo' is not one of ['grpo', 'dapo']"),
-        (b"[rl]\nloss_agg = 'sum'\n", "`loss_agg` 'sum' is not one of ['token_mean', 'seq_mean_token_mean'"),
-        (b"[rl]\nkl_coef = -0.1\n", "`kl_coef` -0.1 must be >= 0"),
-        (b"[rl]\ntis_cap = 0.5\n", "`tis_cap` 0.5 must be >= 1"),
-        (b"[rl]\noverlong_buffer_tokens = 9\n", "`overlong_buffer_tokens` 9 must be <= `max_tokens_per_turn` 8"),
-        (b"[rl]\noverlong_penalty = -1.0\n", "`overlong_penalty` must be >= 0"),
+        (b"[rl.loss]\nloss_agg = 'sum'\n", "`loss_agg` 'sum' is not one of ['token_mean', 'seq_mean_token_mean'"),
+        (b"[rl.loss]\nkl_coef = -0.1\n", "`kl_coef` -0.1 must be >= 0"),
+        (b"[rl.loss]\ntis_cap = 0.5\n", "`tis_cap` 0.5 must be >= 1"),
+        (b"[rl.loss]\noverlong_buffer_tokens = 9\n", "`overlong_buffer_tokens` 9 must be <= `max_tokens_per_turn` 8"),
+        (b"[rl.loss]\noverlong_penalty = -1.0\n", "`overlong_penalty` must be >= 0"),
         (b"[rl]\nenv = ''\n", "`env` '' is not an entry-point name"),
         (b"[rl]\nenv = 'frozen lake'\n", "`env` 'frozen lake' is not an entry-point name"),
     ],
@@ -65,27 +66,43 @@ def test_bad_configs_name_the_field_and_the_fix(toml: bytes, needle: str) -> Non
 
 def test_the_algorithm_fills_the_loss_fields_left_unset() -> None:
     grpo = parse_toml(b"[rl]\nalgorithm = 'grpo'\n", RunConfig).rl
-    assert (grpo.clip_low, grpo.clip_high, grpo.loss_agg, grpo.dynamic_sampling) == (0.2, 0.2, "seq_mean_token_mean",
-                                                                                      False)
-    assert (grpo.kl_coef, grpo.tis_cap, grpo.advantage_std_norm, grpo.overlong_buffer_tokens) == (0.0, 2.0, True, 0)
+    assert (grpo.loss.clip_low, grpo.loss.clip_high, grpo.loss.loss_agg, grpo.sampling.dynamic_sampling) == (
+        0.2, 0.2, "seq_mean_token_mean", False)
+    assert (grpo.loss.kl_coef, grpo.loss.tis_cap, grpo.loss.advantage_std_norm, grpo.loss.overlong_buffer_tokens) == (
+        0.0, 2.0, True, 0)
     dapo = parse_toml(b"[rl]\nalgorithm = 'dapo'\n", RunConfig)
-    assert (dapo.rl.clip_low, dapo.rl.clip_high, dapo.rl.loss_agg, dapo.rl.dynamic_sampling) == (0.2, 0.28,
-                                                                                                 "token_mean", True)
+    assert (dapo.rl.loss.clip_low, dapo.rl.loss.clip_high, dapo.rl.loss.loss_agg, dapo.rl.sampling.dynamic_sampling) == (
+        0.2, 0.28, "token_mean", True)
     assert RunConfig().rl.algorithm == "dapo"  # the demo's default (docs/rl_sweep.md)
-    off = parse_toml(b"[rl]\nalgorithm = 'dapo'\ndynamic_sampling = false\n", RunConfig)
-    assert off.rl.dynamic_sampling is False
+    off = parse_toml(b"[rl]\nalgorithm = 'dapo'\nsampling.dynamic_sampling = false\n", RunConfig)
+    assert off.rl.sampling.dynamic_sampling is False
     assert parse_toml(dump_toml(dapo), RunConfig) == dapo
-    mine = parse_toml(b"[rl]\nalgorithm = 'dapo'\nclip_high = 0.3\nloss_agg = 'seq_mean_token_sum_norm'\n", RunConfig)
-    assert (mine.rl.clip_low, mine.rl.clip_high, mine.rl.loss_agg) == (0.2, 0.3, "seq_mean_token_sum_norm")
+    mine = parse_toml(b"[rl]\nalgorithm = 'dapo'\n[rl.loss]\nclip_high = 0.3\nloss_agg = 'seq_mean_token_sum_norm'\n", RunConfig)
+    assert (mine.rl.loss.clip_low, mine.rl.loss.clip_high, mine.rl.loss.loss_agg) == (0.2, 0.3, "seq_mean_token_sum_norm")
 
 
 def test_loss_settings_come_from_the_rl_section() -> None:
-    rl = parse_toml(b"[rl]\nalgorithm = 'dapo'\nkl_coef = 0.01\ntis_cap = 3.0\n", RunConfig).rl
+    rl = parse_toml(b"[rl]\nalgorithm = 'dapo'\nloss.kl_coef = 0.01\nloss.tis_cap = 3.0\n", RunConfig).rl
     settings = LossSettings.from_config(rl)
     assert settings == LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.01, tis_cap=3.0,
                                     max_response_tokens=rl.max_tokens_per_turn)
     grpo = RLConfig(algorithm="grpo")
     assert LossSettings.from_config(grpo) == LossSettings(max_response_tokens=grpo.max_tokens_per_turn)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("temperature = 0.7", "`temperature` under [rl.sampling]"), ("eval_every = 2", "`every` under [rl.eval]"),
+     ('trainer = "external"', "`kind` under [rl.trainer]"), ("kl_coef = 0.1", "`kl_coef` under [rl.loss]"),
+     ("checkpoint_every = 1", "`every` under [rl.checkpoint]"), ("lr = 1e-4", "`lr` under [rl.trainer]")],
+)
+def test_an_old_flat_rl_setting_names_its_new_place(tmp_path: Path, old: str, new: str) -> None:
+    path = tmp_path / "old.toml"
+    path.write_text(f"[rl]\n{old}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"has moved: write it as {new}")):
+        load_config(path)
+    path.write_text('[rl.trainer]\nkind = "external"\n')
+    assert load_config(path).rl.trainer.external  # the section itself is not mistaken for the old name
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from rose_core.app.rl import (
     overlong_shaping,
 )
 from rose_core.app.rl.environments.frozenlake import HEADER
+from rose_core.app.rl_config import LossConfig
 
 rewards_strategy = st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=32)
 
@@ -135,7 +136,8 @@ def test_build_samples_from_config_applies_the_jobs_advantage_settings() -> None
     trajectories = [_trajectory("a", "g", [1.0]), _trajectory("b", "g", [0.0, 0.0])]
     plain = build_samples_from_config(trajectories, RLConfig())
     assert [s.advantage for s in plain] == pytest.approx([1.0, -1.0, -1.0], abs=1e-5)
-    rl = RLConfig(advantage_std_norm=False, max_tokens_per_turn=2, overlong_buffer_tokens=1, overlong_penalty=0.5)
+    rl = RLConfig(max_tokens_per_turn=2,
+                  loss=LossConfig(advantage_std_norm=False, overlong_buffer_tokens=1, overlong_penalty=0.5))
     # shaped: a 1.0 - 0.5 = 0.5, b 0.0 - 2 * 0.5 = -1.0; mean -0.25; centred 0.75, -0.75
     assert [s.advantage for s in build_samples_from_config(trajectories, rl)] == pytest.approx([0.75, -0.75, -0.75])
 

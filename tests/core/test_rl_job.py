@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -139,9 +140,9 @@ def make_job(tmp_path: Path) -> Iterator[Any]:
     made: list[Controller] = []
 
     def make(policy: Any, *, staleness: int = 0, **rl: Any) -> tuple[RLJob, Executor, Trainer]:
-        rl_config = RLConfig(**{"steps": 3, "prompts_per_step": 2, "group_size": 2, "max_turns": 2, "algorithm": "grpo",
-                                "eval_every": 0,
-                                "max_tokens_per_turn": 8, **rl})
+        rl_config = msgspec.convert({"steps": 3, "prompts_per_step": 2, "group_size": 2, "max_turns": 2,
+                                     "algorithm": "grpo", "eval": {"every": 0}, "max_tokens_per_turn": 8, **rl},
+                                    RLConfig)
         config = RunConfig(rl=rl_config, scheduler=SchedulerConfig(staleness=staleness), run_dir=str(tmp_path))
         ctl = Controller(config, SECRET, server=InProcessServer(SECRET))
         made.append(ctl)
@@ -191,8 +192,8 @@ def test_an_asynchronous_step_rolls_out_the_next_step_while_it_trains(make_job: 
 
 
 def test_dynamic_sampling_refills_groups_without_reward_spread(make_job: Any) -> None:
-    job, executor, trainer = make_job(by_group({"-p0-g0": "xyz"}), dynamic_sampling=True,
-                                      max_refill_rounds=2, steps=1)
+    job, executor, trainer = make_job(by_group({"-p0-g0": "xyz"}), sampling={"dynamic_sampling": True,
+                                      "max_refill_rounds": 2}, steps=1)
     report = job.run_step(1)
     groups = {r.trajectory_id.rsplit("-g", 1)[0] for r in executor.requests}
     assert groups == {"s1-p0", "s1-p1", "s1-p2", "s1-p3"}  # p1 had no spread: refilled twice (p2, then p3)
@@ -209,7 +210,7 @@ def test_without_dynamic_sampling_every_group_is_trained(make_job: Any) -> None:
 
 
 def test_evaluation_plays_held_out_maps_greedily_and_never_trains_on_them(make_job: Any) -> None:
-    job, executor, trainer = make_job(always("up"), eval_every=2, eval_maps=3, steps=2)
+    job, executor, trainer = make_job(always("up"), eval={"every": 2, "maps": 3}, steps=2)
     first, second = job.run_step(1), job.run_step(2)
     assert first.eval_success is None and second.eval_success is not None
     evals = [r for r in executor.requests if "-eval" in r.trajectory_id]
@@ -220,8 +221,8 @@ def test_evaluation_plays_held_out_maps_greedily_and_never_trains_on_them(make_j
 
 
 def test_the_job_plays_the_environment_named_in_rl_env(make_job: Any, lake_plugin: Path) -> None:
-    job, executor, _ = make_job(always("right"), env="corridor", env_size=3, max_turns=2, eval_every=1, eval_maps=2,
-                                steps=1)
+    job, executor, _ = make_job(always("right"), env="corridor", env_size=3, max_turns=2,
+                                eval={"every": 1, "maps": 2}, steps=1)
     report = job.run_step(1)
     assert report.success_rate == 1.0 and report.eval_success == 1.0 and report.lost_trajectories == 0
     prompts = [CharCodec().decode(r.prompt_token_ids.tolist()) for r in executor.requests]
@@ -234,14 +235,14 @@ def test_an_unknown_environment_stops_the_job_before_it_starts(make_job: Any) ->
 
 
 def test_checkpoints_every_n_steps_and_after_the_last(make_job: Any, tmp_path: Path) -> None:
-    job, _, _ = make_job(always("up"), checkpoint_every=2, steps=3)
+    job, _, _ = make_job(always("up"), checkpoint={"every": 2}, steps=3)
     written = [job.run_step(s).checkpoint for s in (1, 2, 3)]
     assert written[0] == "" and written[1].endswith("step-000002") and written[2].endswith("step-000003")
     assert Path(written[1]).parent == tmp_path / "checkpoints"
 
 
 def test_resume_ships_the_restored_weights_and_goes_on_with_the_next_version(make_job: Any, tmp_path: Path) -> None:
-    job, _, _ = make_job(always("up"), checkpoint_every=1, steps=2)
+    job, _, _ = make_job(always("up"), checkpoint={"every": 1}, steps=2)
     saved = [job.run_step(s).checkpoint for s in (1, 2)]
     resumed, executor, trainer = make_job(always("up"), steps=4)
     after = resumed.resume(Path(saved[-1]))

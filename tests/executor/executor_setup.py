@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import tomli_w
 
 from rose_core.protocol.messages import SamplingParams, TurnRequest
 from rose_executor.memory.serving_first_budget import footprint
@@ -22,28 +23,27 @@ def memory_settings(policy: Path, serving: Path) -> dict[str, object]:
     KV each) crosses it while the short ones of the other tests (7 tokens) do not."""
     weights = footprint(str(serving), "bfloat16").weight_bytes + footprint(str(policy), "bfloat16").weight_bytes
     device = int((2.5 * ROLLOUT_SEQ_BYTES + weights) / 0.8)
-    return {"device_memory_bytes": device, "memory_high_watermark": 0.05}
+    return {"memory": {"device_bytes": device, "high_watermark": 0.05}}
 
 
 def write_config(
     path: Path, policy: Path, serving: Path, port: int, profiles: Path | None = None, **extra: object
 ) -> Path:
-    lines = [
-        f'policy_model_dir = "{policy}"',
-        f'serving_model_dir = "{serving}"',
-        'serving_model_name = "prod"',
-        f"serving_port = {port}",
-        "kv_cache_gib = 0.5",
-        "rollout_capacity = 2",
-        "max_model_len = 1024",
+    """A serving host's config; ``extra``: more settings, a section as a dict (``memory={...}``)."""
+    sections: dict[str, dict[str, object]] = {
+        "rollout": {"model_dir": str(policy), "capacity": 2},
+        "serving": {"model_dir": str(serving), "model_name": "prod", "port": port},
         # An SLO no request can meet: serving traffic takes the headroom away for `latency_window_s`.
-        "slo_ttft_ms = 0.001",
-        "slo_tpot_ms = 0.001",
-        "latency_window_s = 2.0",
-        f'profile_cache_dir = "{profiles or path.parent / "profiles"}"',
-        *(f"{key} = {value!r}".replace("'", '"') for key, value in extra.items()),
-    ]
-    path.write_text("\n".join(lines) + "\n")
+        "slo": {"ttft_ms": 0.001, "tpot_ms": 0.001, "latency_window_s": 2.0},
+    }
+    top: dict[str, object] = {"kv_cache_gib": 0.5, "max_model_len": 1024,
+                              "profile_cache_dir": str(profiles or path.parent / "profiles")}
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            sections.setdefault(key, {}).update(value)
+        else:
+            top[key] = value
+    path.write_text(tomli_w.dumps({**top, **sections}))
     return path
 
 

@@ -354,7 +354,7 @@ def assert_gone(pids: set[int], timeout: float = 15.0) -> None:
 
 def test_dedicated_role_stops_on_sigterm(tmp_path: Path, policy_dir: Path, secret_file: Path) -> None:
     config = tmp_path / "executor.toml"
-    config.write_text(f'policy_model_dir = "{policy_dir}"\nkv_cache_gib = 0.5\nmax_model_len = 1024\n')
+    config.write_text(f'kv_cache_gib = 0.5\nmax_model_len = 1024\n[rollout]\nmodel_dir = "{policy_dir}"\n')
     controller = ControllerPeer(SECRET)
     command = executor_command(controller.address, "dedicated", config, secret_file, "--executor-id", "ded-1")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
@@ -395,7 +395,7 @@ def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sy
     the engine goes with the process; a new process registers at version 0, is sent the same announcement,
     pulls the version whole and ends on the trainer's digest."""
     config = tmp_path / "executor.toml"
-    config.write_text(f'policy_model_dir = "{policy_dir}"\nkv_cache_gib = 0.5\nmax_model_len = 1024\n')
+    config.write_text(f'kv_cache_gib = 0.5\nmax_model_len = 1024\n[rollout]\nmodel_dir = "{policy_dir}"\n')
     state = load_file(str(policy_dir / "model.safetensors"))
     generator = torch.Generator().manual_seed(2)
     versions = [{k: (v.float() + scale * torch.randn(v.shape, generator=generator)).to(v.dtype)
@@ -457,7 +457,7 @@ def test_bad_secret_is_one_clear_error_and_exit_2(tmp_path: Path, policy_dir: Pa
 
 def test_no_controller_is_one_clear_error(tmp_path: Path, policy_dir: Path, secret_file: Path) -> None:
     config = tmp_path / "executor.toml"
-    config.write_text(f'policy_model_dir = "{policy_dir}"\nwelcome_timeout_s = 1.0\n')
+    config.write_text(f'welcome_timeout_s = 1.0\n[rollout]\nmodel_dir = "{policy_dir}"\n')
     address = f"tcp://127.0.0.1:{free_port()}"
     done = subprocess.run(
         executor_command(address, "dedicated", config, secret_file),

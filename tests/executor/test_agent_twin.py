@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 import torch
 
+from rose_core.config.executor_config import load_executor_config
 from rose_core.policy import LatencyModel
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import Signer, executor_credential, weights_key
@@ -44,7 +45,6 @@ from rose_core.support.errors import RoseError
 from rose_core.support.metrics import free_port
 from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
 from rose_executor.agent import AgentOptions, ExecutorAgent
-from rose_executor.config import load_executor_config
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
 from rose_executor.testing.fake_engine import FakeEngine, FakeEngineLauncher

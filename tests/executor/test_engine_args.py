@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from rose_core.config.executor_config import ExecutorConfig, RolloutSection, ServingSection, parse_executor_config
 from rose_core.support.errors import ConfigError, RoseError
-from rose_executor.config import ExecutorConfig, parse_executor_config
 from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
 from rose_executor.engine.vllm_args import engine_args
@@ -23,8 +23,9 @@ GIB = 1 << 30
 H200_BYTES = 143_771_287_552
 
 
-def config(**settings: object) -> ExecutorConfig:
-    return ExecutorConfig(**{"policy_model_dir": "policy", **settings})  # type: ignore[arg-type]
+def config(policy: str = "policy", serving: ServingSection | None = None, **settings: object) -> ExecutorConfig:
+    return ExecutorConfig(rollout=RolloutSection(model_dir=policy), serving=serving or ServingSection(),
+                          **settings)  # type: ignore[arg-type]
 
 
 def args_for(cfg: ExecutorConfig, device: Device, purpose: Purpose, model_dir: Path) -> Any:
@@ -53,7 +54,7 @@ def test_a_cpu_engine_runs_eager_unsharded_without_sleep_on_a_1_gib_kv_cache(pol
         assert args.kv_cache_memory_bytes == GIB
         assert args.device_ids is None
     assert (rollout.enable_chunked_prefill, rollout.max_num_batched_tokens) == (True, 512)
-    assert serving.max_num_seqs == cfg.serving_max_num_seqs
+    assert serving.max_num_seqs == cfg.serving.max_num_seqs
     explicit = args_for(config(kv_cache_gib=0.5), Device("cpu"), "rollout", policy_dir)
     assert explicit.kv_cache_memory_bytes == GIB // 2
 
@@ -73,7 +74,8 @@ def test_a_gpu_host_splits_the_device_and_sleeps_only_the_rollout_engine(policy_
 
 
 def test_gpu_knobs_turn_graphs_and_sleep_off_and_an_explicit_kv_size_wins(policy_dir: Path) -> None:
-    cfg = config(cuda_graphs=False, rollout_sleep_mode=False, kv_cache_gib=4.0, rollout_memory_fraction=0.2)
+    cfg = ExecutorConfig(rollout=RolloutSection(model_dir="policy", sleep_mode=False, memory_fraction=0.2),
+                         cuda_graphs=False, kv_cache_gib=4.0)
     rollout = args_for(cfg, Device("cuda"), "rollout", policy_dir)
     assert rollout.enforce_eager is True and rollout.enable_sleep_mode is False
     assert rollout.kv_cache_memory_bytes == 4 * GIB
@@ -87,34 +89,38 @@ def test_gpu_knobs_turn_graphs_and_sleep_off_and_an_explicit_kv_size_wins(policy
 @pytest.mark.parametrize("device", ["gpu", "CUDA", "cuda:", "cuda:-1", "cuda:0,1", "cuda:x", "cpu:0", ""])
 def test_a_bad_device_string_names_the_forms(device: str) -> None:
     with pytest.raises(ConfigError, match=r'`device` must be "auto", "cpu", "cuda" or "cuda:N"'):
-        parse_executor_config(f'policy_model_dir = "p"\ndevice = "{device}"\n')
+        parse_executor_config(f'device = "{device}"\n[rollout]\nmodel_dir = "p"\n')
+
+
+ROLLOUT = '[rollout]\nmodel_dir = "p"\n'
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ('device = "cpu"\ntensor_parallel_size = 2', "`tensor_parallel_size` must be 1 on CPU"),
-        ("tensor_parallel_size = 0", "`tensor_parallel_size` must be >= 1"),
-        ("serving_memory_fraction = 0.96", r"`serving_memory_fraction` must be in \(0, 0.95\]"),
-        ("rollout_memory_fraction = 0", r"`rollout_memory_fraction` must be in \(0, 0.95\]"),
-        ("kv_cache_gib = -1", "`kv_cache_gib` must be >= 0"),
+        ('device = "cpu"\ntensor_parallel_size = 2\n' + ROLLOUT, "`tensor_parallel_size` must be 1 on CPU"),
+        ("tensor_parallel_size = 0\n" + ROLLOUT, "`tensor_parallel_size` must be >= 1"),
+        (ROLLOUT + "[serving]\nmemory_fraction = 0.96\n", r"field `serving`: `memory_fraction` must be in \(0, 0.95\]"),
+        (ROLLOUT + "memory_fraction = 0\n", r"field `rollout`: `memory_fraction` must be in \(0, 0.95\]"),
+        ("kv_cache_gib = -1\n" + ROLLOUT, "`kv_cache_gib` must be >= 0"),
+        ('serving_memory_fraction = 0.5\n' + ROLLOUT, r"`serving_memory_fraction` has moved: write it as `memory_fraction` under \[serving\]"),
     ],
 )
 def test_device_settings_out_of_range_name_the_field(settings: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_executor_config(f'policy_model_dir = "p"\n{settings}\n')
+        parse_executor_config(settings)
 
 
 def test_a_serving_host_keeps_both_memory_fractions_under_0_95(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     model = str(tmp_path)
-    over = config(policy_model_dir=model, serving_model_dir=model, serving_memory_fraction=0.7)
+    over = config(model, ServingSection(model_dir=model, memory_fraction=0.7))
     with pytest.raises(
-        ConfigError, match=r"`serving_memory_fraction` \+ `rollout_memory_fraction` = 1.00 is over 0.95"
+        ConfigError, match=r"`serving.memory_fraction` \+ `rollout.memory_fraction` = 1.00 is over 0.95"
     ):
         over.check_role("serving")
     over.check_role("dedicated")  # a dedicated host runs only the rollout engine
-    config(policy_model_dir=model, serving_model_dir=model, serving_memory_fraction=0.65).check_role("serving")
+    config(model, ServingSection(model_dir=model, memory_fraction=0.65)).check_role("serving")
 
 
 @pytest.mark.parametrize(

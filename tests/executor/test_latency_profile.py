@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from rose_core.config.executor_config import (
+    ExecutorConfig,
+    GuardSlo,
+    MemorySection,
+    RolloutSection,
+    ServingSection,
+    parse_executor_config,
+)
 from rose_core.policy import SloBudgets
 from rose_executor.co_serving.co_serving import slo_budgets
-from rose_executor.config import ExecutorConfig, parse_executor_config
 from rose_executor.memory.serving_first_budget import footprint, memory_budget
 from rose_executor.profile.latency_profile import EngineProfile, profile_key, read_cached, write_cached
 
@@ -33,10 +40,11 @@ def test_profile_cache_round_trip_and_stale_key(tmp_path: Path) -> None:
 
 
 def test_slo_budgets_from_config_or_from_the_profile(policy_dir: Path) -> None:
-    cfg = ExecutorConfig(policy_model_dir=str(policy_dir), slo_ttft_ms=500, slo_tpot_ms=50)
+    cfg = ExecutorConfig(rollout=RolloutSection(model_dir=str(policy_dir)), slo=GuardSlo(ttft_ms=500, tpot_ms=50))
     assert slo_budgets(cfg, PROFILE) == SloBudgets(0.5, 0.05)
     derived = slo_budgets(
-        ExecutorConfig(policy_model_dir=str(policy_dir), slo_from_profile=5.0, serving_max_num_seqs=8), PROFILE
+        ExecutorConfig(rollout=RolloutSection(model_dir=str(policy_dir)), slo=GuardSlo(from_profile=5.0),
+                       serving=ServingSection(max_num_seqs=8)), PROFILE
     )
     assert derived.ttft_s == pytest.approx(5 * 0.018) and derived.tpot_s == pytest.approx(5 * 0.0023)
 
@@ -45,23 +53,25 @@ def test_memory_budget_on_by_default_and_sized_from_the_models(policy_dir: Path,
     policy = footprint(str(policy_dir), "bfloat16")
     assert policy.kv_bytes_per_token == 512 and policy.weight_bytes > 0
     serving = footprint(str(serving_dir), "bfloat16")
-    base = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir), kv_cache_gib=0.5)
+    base = ExecutorConfig(rollout=RolloutSection(model_dir=str(policy_dir)),
+                          serving=ServingSection(model_dir=str(serving_dir)), kv_cache_gib=0.5)
     derived = memory_budget(base)  # the host share: both weights + both KV caches (0.5 GiB each)
     share = policy.weight_bytes + serving.weight_bytes + 2**30
     assert derived.policy.config.device_bytes == share
     assert derived.budget_bytes == share - int(0.2 * share) - policy.weight_bytes - serving.weight_bytes
     device = 4 * (policy.weight_bytes + serving.weight_bytes)
-    text = f'policy_model_dir = "{policy_dir}"\nserving_model_dir = "{serving_dir}"\ndevice_memory_bytes = {device}\n'
+    text = (f'[rollout]\nmodel_dir = "{policy_dir}"\n[serving]\nmodel_dir = "{serving_dir}"\n'
+            f"[memory]\ndevice_bytes = {device}\n")
     budget = memory_budget(parse_executor_config(text))
     assert budget is not None and not budget.frozen
     assert budget.budget_bytes == device - int(0.2 * device) - policy.weight_bytes - serving.weight_bytes
 
 
 def test_guard_settings_are_validated(policy_dir: Path) -> None:
-    with pytest.raises(ValueError, match="memory_high_watermark"):
-        ExecutorConfig(policy_model_dir=str(policy_dir), memory_high_watermark=0)
+    with pytest.raises(ValueError, match="high_watermark"):
+        MemorySection(high_watermark=0)
     with pytest.raises(ValueError, match="prefill_chunk_tokens"):
-        ExecutorConfig(policy_model_dir=str(policy_dir), prefill_chunk_tokens=0)
+        RolloutSection(model_dir=str(policy_dir), prefill_chunk_tokens=0)
 
 
 def test_memory_budget_on_a_gpu_is_the_engines_memory_fractions(
@@ -72,9 +82,10 @@ def test_memory_budget_on_a_gpu_is_the_engines_memory_fractions(
 
     h200 = 150_000_000_000
     monkeypatch.setattr(serving_first_budget, "describe_device", lambda _d: DeviceDescription("cuda:0 (H200)", h200))
-    config = ExecutorConfig(policy_model_dir=str(policy_dir), serving_model_dir=str(serving_dir))
+    config = ExecutorConfig(rollout=RolloutSection(model_dir=str(policy_dir)),
+                            serving=ServingSection(model_dir=str(serving_dir)))
     budget = memory_budget(config, Device("cuda", 0))
-    fractions = config.serving_memory_fraction + config.rollout_memory_fraction
+    fractions = config.serving.memory_fraction + config.rollout.memory_fraction
     assert budget.policy.config.device_bytes == int(h200 * fractions)
     cpu = memory_budget(config)  # kv_cache_gib 0 on CPU: the engines' 1 GiB each
     assert cpu.policy.config.device_bytes > 2 * 2**30

@@ -24,7 +24,7 @@ def test_a_second_job_is_refused_with_the_holders_name_and_the_fix(tmp_path: Pat
         message = str(refused.value)
         assert "lent to the RL job of controller job-a (tcp://10.0.0.1:5555)" in message
         assert f"rose-executor serving-0 (pid {other.pid})" in message
-        assert "rose-executor revoke serving-0" in message and "serving_port" in message
+        assert "rose-executor revoke serving-0" in message and "`port` under [serving]" in message
     finally:
         other.kill()
         other.wait()

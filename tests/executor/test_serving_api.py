@@ -109,7 +109,7 @@ async def test_latency_comes_from_vllm_stats(monitor: ServingMonitor, client: op
 
 
 async def test_busy_port_is_one_clear_line(server: OpenAIServer) -> None:
-    with pytest.raises(RoseError, match=r"serving port 127\.0\.0\.1:\d+ is already in use: set `serving_port`"):
+    with pytest.raises(RoseError, match=r"serving port 127\.0\.0\.1:\d+ is already in use: set `port` under \[serving\]"):
         OpenAIServer("127.0.0.1", server.port).reserve()
 
 

@@ -16,13 +16,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-import tomli_w
 import zmq
 
 from rose_core.app.config import load_config
 from rose_core.app.rl.demo.models import ensure_models
-from rose_core.app.run.executor_files import executor_config
+from rose_core.app.run.executor_files import executor_config, write_executor_config
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import Signer, write_new_secret
 from rose_core.protocol.wire import Framer
@@ -43,9 +43,9 @@ port = {port}
 status_interval_s = 0.005  # a fast status stream, so the observer that never reads fills every buffer soon
 
 [rl]
-checkpoint_every = 1
+checkpoint.every = 1
 max_tokens_per_turn = 24
-eval_every = 0
+eval.every = 0
 """
 
 
@@ -56,12 +56,12 @@ def start_executors(work: Path, address: str, secret: Path) -> dict[str, tuple[s
     models = ensure_models(work / "models")
     out: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     for role in ("dedicated", "serving"):
-        section = executor_config(config, role, models.policy, models.serving, 0)
+        section = executor_config(config, role, models.policy, models.serving)
         port = free_port()
         if role == "serving":
-            section["serving_port"] = port
+            section = msgspec.structs.replace(section, serving=msgspec.structs.replace(section.serving, port=port))
         path = work / f"executor-{role}.toml"
-        path.write_text(tomli_w.dumps(section))
+        write_executor_config(path, section)
         log = (work / f"executor-{role}.log").open("wb")
         key = work / f"executor-{role}-0.key"
         subprocess.run([sys.executable, "-m", "rose_core", "executor-key", f"{role}-0", "--secret-file", str(secret),

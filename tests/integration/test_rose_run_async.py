@@ -19,8 +19,8 @@ run_dir = "{work}/run"
 staleness = 1
 
 [rl]
-checkpoint_every = 1
-checkpoint_keep = 2
+checkpoint.every = 1
+checkpoint.keep = 2
 """
 
 

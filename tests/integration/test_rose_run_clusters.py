@@ -18,7 +18,7 @@ run_dir = "{work}/run"
 weights_tls = true
 
 [rl]
-lr = 1e-6
+trainer.lr = 1e-6
 
 [[clusters]]
 name = "trainer-side"

@@ -23,7 +23,7 @@ run_dir = "{work}/run"
 
 [rl]
 max_tokens_per_turn = 24
-eval_every = 0
+eval.every = 0
 """
 
 

@@ -27,10 +27,10 @@ models_dir = "{work}/models"
 run_dir = "{work}/run"
 
 [rl]
-trainer = "external"
+trainer.kind = "external"
 max_tokens_per_turn = 24
 algorithm = "grpo"
-eval_every = 0
+eval.every = 0
 """
 
 

@@ -38,8 +38,8 @@ run_dir = "{work}/run"
 [rl]
 max_tokens_per_turn = 192
 algorithm = "grpo"
-lr = 1e-3
-eval_every = 0
+trainer.lr = 1e-3
+eval.every = 0
 
 [load]
 base_rps = 1.0
@@ -53,8 +53,8 @@ tpot_ms = 1000
 turn_timeout_s = 60
 
 [executors.serving_overrides]
-device_memory_bytes = {device}
-slo_from_profile = 50
+memory = {{ device_bytes = {device} }}
+slo = {{ from_profile = 50 }}
 """
 
 

@@ -37,7 +37,7 @@ group_size = {group_size}
 prompts_per_step = {groups}
 max_tokens_per_turn = 24
 algorithm = "grpo"
-eval_every = 0
+eval.every = 0
 
 [load]
 base_rps = 1.0
@@ -47,7 +47,7 @@ burst_rps = 1.5
 # the serving guard's budgets are the report's SLO (2 s TTFT), not 10x a start-up profile: this run is about
 # the gateway routing onto both pools, and on a loaded 2-core host the profile's tight budget has left the
 # borrowed executor without headroom for all four steps (every turn on the dedicated one)
-serving_overrides = {{ slo_from_profile = 0.0 }}
+serving_overrides = {{ slo = {{ from_profile = 0.0 }} }}
 """
 
 

@@ -30,15 +30,15 @@ models_dir = "{work}/models"
 run_dir = "{work}/run"
 
 [rl]
-eval_every = 0
+eval.every = 0
 
 [load]
 enabled = false
 
-[executors.serving_overrides]
-slo_from_profile = 0
-slo_ttft_ms = 0.001
-slo_tpot_ms = 0.001
+[executors.serving_overrides.slo]
+from_profile = 0
+ttft_ms = 0.001
+tpot_ms = 0.001
 latency_window_s = 2.0
 """
 

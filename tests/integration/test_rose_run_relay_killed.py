@@ -32,9 +32,9 @@ weights_port = {weights_port}
 encrypt = true
 
 [rl]
-lr = 1e-6
+trainer.lr = 1e-6
 max_tokens_per_turn = 24
-eval_every = 0
+eval.every = 0
 
 [[clusters]]
 name = "remote"

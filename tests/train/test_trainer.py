@@ -16,6 +16,8 @@ from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.demo.models import ModelPaths, load_tokenizer
 from rose_core.app.rl.environments.frozenlake import FrozenLakeEnv
 from rose_core.app.rl.trainer.trainer import PolicyTrainer, TrainerConfig
+from rose_core.app.rl_config import LossConfig
+from rose_core.app.rl_config import TrainerConfig as RLTrainerConfig
 from rose_core.support.errors import RoseError
 
 
@@ -202,12 +204,14 @@ def test_kl_to_the_frozen_reference(models: ModelPaths) -> None:
 
 
 def test_from_config_builds_the_jobs_loss(models: ModelPaths) -> None:
-    rl = RLConfig(algorithm="dapo", kl_coef=0.05, lr=2e-3, epochs=3, max_tokens_per_turn=16)
+    rl = RLConfig(algorithm="dapo", loss=LossConfig(kl_coef=0.05), trainer=RLTrainerConfig(lr=2e-3, epochs=3),
+                  max_tokens_per_turn=16)
     trainer = PolicyTrainer.from_config(models.policy, rl)
     assert trainer.config.loss == LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.05,
                                                tis_cap=2.0, max_response_tokens=16)
     assert (trainer.config.lr, trainer.config.epochs) == (2e-3, 3) and trainer.reference is not None
-    dr = PolicyTrainer.from_config(models.policy, RLConfig(loss_agg="seq_mean_token_sum_norm", advantage_std_norm=False))
+    dr = PolicyTrainer.from_config(models.policy, RLConfig(
+        loss=LossConfig(loss_agg="seq_mean_token_sum_norm", advantage_std_norm=False)))
     assert dr.config.loss.max_response_tokens == RLConfig().max_tokens_per_turn and dr.reference is None
     stats = dr.train_step(_samples(models, [1.0, -1.0]))
     assert math.isfinite(stats.loss) and stats.kl_ref is None

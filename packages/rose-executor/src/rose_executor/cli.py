@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import click
 
+from rose_core.config.executor_config import load_executor_config
 from rose_core.protocol.auth import executor_credential, load_secret
 from rose_core.protocol.messages import Role
 from rose_core.support.cli_support import LOG_FORMAT, RoseGroup
 from rose_core.support.metrics import serve_metrics
 from rose_executor.bench.bench_cli import bench
-from rose_executor.config import load_executor_config
 from rose_executor.revoke_cli import revoke
 
 PROGRAM = "rose-executor"

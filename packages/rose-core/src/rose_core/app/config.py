@@ -16,6 +16,7 @@ from rose_core.app.rl_config import (
     ALGORITHMS,
     EXTERNAL_TRAINER,
     LOSS_AGGREGATIONS,
+    RL_MOVED,
     AlgorithmPreset,
     RLConfig,
     validate_policy_loss,
@@ -28,6 +29,7 @@ from rose_core.config.sections import (
     require_port,
     require_positive,
 )
+from rose_core.config.slo import SloConfig
 from rose_core.scheduler.scheduler_config import SchedulerConfig
 
 __all__ = [
@@ -82,17 +84,6 @@ class ControllerConfig(ConfigSection):
         require_port(port=self.port, metrics_port=self.metrics_port, weights_port=self.weights_port)
         if self.stall_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("`stall_timeout_s` must exceed `heartbeat_interval_s`")
-
-
-class SloConfig(ConfigSection):
-    ttft_ms: float = 2000.0
-    tpot_ms: float = 400.0
-    headroom_fraction: float = 0.8
-    """A serving executor lends capacity only while its p99s stay under this fraction of the SLO."""
-
-    def __post_init__(self) -> None:
-        require_positive(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms)
-        require_fraction(headroom_fraction=self.headroom_fraction)
 
 
 class LoadConfig(ConfigSection):
@@ -154,8 +145,9 @@ class ExecutorsConfig(ConfigSection):
     """Concurrent turns per executor: small, so one dedicated executor saturates and the borrowed one helps."""
     start_timeout_s: float = 300.0
     serving_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
-    """Fields of the serving executors' `rose-executor` config (docs/executor.md), over `rose run`'s own,
-    e.g. ``memory_high_watermark`` or ``revoke_after_pressure_s``; the executor validates them."""
+    """Settings of the serving executors' `rose-executor` config over `rose run`'s own, in its layout (a table per
+    section, docs/executor.md), e.g. ``{ memory = { high_watermark = 0.2 }, slo = { revoke_after_pressure_s = 5 } }``;
+    checked against the executor's schema when the executors start."""
     dedicated_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
     """The same for the dedicated executors."""
 
@@ -269,4 +261,4 @@ class RunConfig(ConfigSection):
 
 def load_config(path: str | os.PathLike[str] | None) -> RunConfig:
     """The job config in ``path`` (TOML) over the defaults; ``None`` gives the defaults."""
-    return RunConfig() if path is None else load_toml(path, RunConfig)
+    return RunConfig() if path is None else load_toml(path, RunConfig, moved=RL_MOVED)

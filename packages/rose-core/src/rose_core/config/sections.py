@@ -35,7 +35,8 @@ class ConfigSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def load_toml(
-    path: str | os.PathLike[str], type_: type[T], *, what: str = "config", hint: str = SHOW_HINT, fix: str = ""
+    path: str | os.PathLike[str], type_: type[T], *, what: str = "config", hint: str = SHOW_HINT, fix: str = "",
+    moved: Mapping[str, str] | None = None,
 ) -> T:
     """The ``type_`` in the TOML file ``path``; any problem is one ``ConfigError`` line. ``what`` names the
     file in the error (``"the executor config"``), ``hint`` follows a field error, ``fix`` an unreadable file
@@ -45,19 +46,40 @@ def load_toml(
     except OSError as exc:
         suffix = f"; {fix}" if fix else ""
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}{suffix}") from exc
-    return parse_toml(data, type_, str(path), hint=hint)
+    return parse_toml(data, type_, str(path), hint=hint, moved=moved)
 
 
-def parse_toml(data: bytes | str, type_: type[T], source: str = "config", *, hint: str = SHOW_HINT) -> T:
+def parse_toml(data: bytes | str, type_: type[T], source: str = "config", *, hint: str = SHOW_HINT,
+               moved: Mapping[str, str] | None = None) -> T:
     """Decode TOML into ``type_``; any problem is a one-line ``ConfigError`` naming ``source``, the field
-    (and ``hint``, when not empty)."""
+    (and ``hint``, when not empty). ``moved``: old dotted names -> where they live now; a file that still uses
+    one is refused with its new place."""
     try:
+        if moved:
+            _refuse_moved(msgspec.toml.decode(data), moved, source)
         return msgspec.toml.decode(data, type=type_)
     except msgspec.ValidationError as exc:
         suffix = f"; {hint}" if hint else ""
         raise ConfigError(f"{source}: {_humanize(str(exc))}{suffix}") from exc
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+
+
+def _refuse_moved(raw: object, moved: Mapping[str, str], source: str) -> None:
+    for old, new in moved.items():
+        found, value = _lookup(raw, old.split("."))
+        if found and not (new.startswith(old + ".") and isinstance(value, dict)):  # a name now a table's
+            section, _, name = new.rpartition(".")
+            where = f"`{name}` under [{section}]" if section else f"`{name}` at the top"
+            raise ConfigError(f"{source}: `{old}` has moved: write it as {where}")
+
+
+def _lookup(raw: object, path: list[str]) -> tuple[bool, object]:
+    for key in path:
+        if not isinstance(raw, dict) or key not in raw:
+            return False, None
+        raw = raw[key]
+    return True, raw
 
 
 def dump_toml(config: msgspec.Struct) -> str:

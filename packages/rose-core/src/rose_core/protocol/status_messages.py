@@ -37,7 +37,7 @@ class StepStatus(msgspec.Struct, kw_only=True):
     success_rate: float | None = None
     """Of this step's trajectories, the fraction that reached the goal (set when the step is done)."""
     eval_success: float | None = None
-    """Greedy success on the held-out maps, on a step that evaluated (``rl.eval_every``)."""
+    """Greedy success on the held-out maps, on a step that evaluated (``rl.eval.every``)."""
     rollout_seconds: float = 0.0
     train_seconds: float = 0.0
     sync_seconds: float = 0.0

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.auth import ExecutorCredential
 from rose_core.protocol.messages import Goodbye, Role
 from rose_core.support.heap import freeze_startup_heap
@@ -34,7 +35,6 @@ from rose_core.transport.loop_control_client import LoopControlClient
 from rose_executor.agent.controller_link import ClientFactory, ControllerLink
 from rose_executor.agent.host import Host, HostPlan, build_host
 from rose_executor.agent.session import ControllerSession
-from rose_executor.config import ExecutorConfig
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
 from rose_executor.host.device import resolve_device
 

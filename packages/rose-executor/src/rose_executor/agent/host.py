@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import ErrorReport, Register, Role
 from rose_executor.co_serving.co_serving import CoServing
-from rose_executor.config import ExecutorConfig
 from rose_executor.engine.engine_launcher import EngineLauncher
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_settings import engine_spec_for
@@ -69,13 +69,13 @@ class Host:
 
     def register_message(self) -> Register:
         plan, cfg = self.plan, self.plan.config
-        models = [describe_model(cfg.policy_model_dir, "rollout")]
+        models = [describe_model(cfg.rollout.model_dir, "rollout")]
         if plan.role == "serving":
-            models.insert(0, describe_model(cfg.serving_model_dir, "serving", cfg.serving_model_name))
+            models.insert(0, describe_model(cfg.serving.model_dir, "serving", cfg.serving.model_name))
         device = describe_device(plan.device)
         return Register(
             executor_id=plan.executor_id, role=plan.role, device=device.device, host=cfg.advertise_host,
-            models=models, memory_bytes=device.memory_bytes, rollout_capacity=cfg.rollout_capacity,
+            models=models, memory_bytes=device.memory_bytes, rollout_capacity=cfg.rollout.capacity,
             serving_endpoint=self.serving_endpoint(), metrics_endpoint=plan.metrics_endpoint,
             weight_version=self.runner.weight_version if self.runner else 0,
         )
@@ -111,25 +111,25 @@ async def build_host(host: Host, send: Reply, on_sustained_pressure: Callable[[f
     ``revoke_after_pressure_s`` (the agent revokes the host)."""
     plan, cfg = host.plan, host.plan.config
     if plan.role == "serving":
-        host.server = OpenAIServer(cfg.serving_host, cfg.serving_port)
-        if cfg.serving_port:
-            _take_lease(host, f"{cfg.serving_host}:{cfg.serving_port}", send)  # before the bind: name the holder
+        host.server = OpenAIServer(cfg.serving.host, cfg.serving.port)
+        if cfg.serving.port:
+            _take_lease(host, f"{cfg.serving.host}:{cfg.serving.port}", send)  # before the bind: name the holder
         host.server.reserve()
-        if not cfg.serving_port:
-            _take_lease(host, f"{cfg.serving_host}:{host.server.port}", send)
-        host.serving = await _start_engine(host, cfg.serving_model_dir, "serving")
-    rollout = await _start_engine(host, cfg.policy_model_dir, "rollout")
+        if not cfg.serving.port:
+            _take_lease(host, f"{cfg.serving.host}:{host.server.port}", send)
+        host.serving = await _start_engine(host, cfg.serving.model_dir, "serving")
+    rollout = await _start_engine(host, cfg.rollout.model_dir, "rollout")
     memory = memory_budget(cfg, plan.device) if host.serving is not None else None
-    host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout_capacity, send, weight_version=0,
+    host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=0,
                                 guarded=host.serving is not None, memory=memory)
     engine_memory = EngineMemory(rollout)
     if host.serving is not None and host.server is not None:
         await _start_guard(host, (host.serving, rollout), host.runner, engine_memory, on_sustained_pressure)
-        await host.server.start(host.serving, cfg.serving_model_name)
+        await host.server.start(host.serving, cfg.serving.model_name)
     host.updater = WeightUpdater(
         host.runner, rollout, executor_id=plan.executor_id, secret=plan.weights_key, send=send,
-        fetch_timeout_s=cfg.weight_fetch_timeout_s, drain_timeout_s=cfg.weight_drain_timeout_s,
-        relay=cfg.weight_relay, engine_memory=engine_memory,
+        fetch_timeout_s=cfg.weights.fetch_timeout_s, drain_timeout_s=cfg.weights.drain_timeout_s,
+        relay=cfg.weights.relay, engine_memory=engine_memory,
     )
 
 
@@ -159,12 +159,12 @@ async def _start_guard(host: Host, engines: tuple[Engine, Engine], runner: Rollo
     cfg, (serving, rollout) = host.plan.config, engines
     cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
     profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
-    colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.colocated_profile else None
+    colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.slo.colocated_profile else None
     host.co_serving = CoServing.build(cfg, profiles, engines, runner, colocated, engine_memory=engine_memory,
                                       on_sustained_pressure=on_sustained_pressure)
     admission = host.co_serving.guard.admission.config
-    host.monitor = ServingMonitor(admission.ttft_budget_s, admission.tpot_budget_s, cfg.headroom_fraction,
-                                  cfg.latency_window_s)
-    if cfg.p99_feedback:
+    host.monitor = ServingMonitor(admission.ttft_budget_s, admission.tpot_budget_s, cfg.slo.headroom_fraction,
+                                  cfg.slo.latency_window_s)
+    if cfg.slo.p99_feedback:
         host.co_serving.set_feedback(host.monitor.has_headroom)
     serving.attach_observer(host.monitor)

@@ -12,7 +12,7 @@ from rose_executor.agent.host import Host
 
 def load_report(host: Host, state: str) -> LoadReport:
     runner = host.runner
-    report = LoadReport(rollout_capacity=host.plan.config.rollout_capacity, state=state, rollout_held=held_turns(host),
+    report = LoadReport(rollout_capacity=host.plan.config.rollout.capacity, state=state, rollout_held=held_turns(host),
                         weight_version=runner.weight_version if runner else -1)
     if runner is not None:
         report.rollout_in_flight = runner.in_flight

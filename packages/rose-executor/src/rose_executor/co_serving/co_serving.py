@@ -14,9 +14,9 @@ import logging
 import math
 from collections.abc import Callable
 
+from rose_core.config.executor_config import ExecutorConfig
 from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
 from rose_executor import metrics
-from rose_executor.config import ExecutorConfig
 from rose_executor.engine.clock import WALL_CLOCK, Clock
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.memory.serving_first_budget import ServingFirstBudget
@@ -29,17 +29,17 @@ log = logging.getLogger(__name__)
 
 
 def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
-    """Config values, or ``slo_from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
-    if config.slo_from_profile <= 0:
-        return SloBudgets(config.slo_ttft_ms / 1000, config.slo_tpot_ms / 1000)
+    """Config values, or ``[slo] from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
+    if config.slo.from_profile <= 0:
+        return SloBudgets(config.slo.ttft_ms / 1000, config.slo.tpot_ms / 1000)
     longest = max(n for n, _ in serving.prefill_points)
-    return SloBudgets.from_profile(config.slo_from_profile, serving.latency_model(), longest,
-                                   config.prefill_chunk_tokens, config.serving_max_num_seqs)  # fmt: skip
+    return SloBudgets.from_profile(config.slo.from_profile, serving.latency_model(), longest,
+                                   config.rollout.prefill_chunk_tokens, config.serving.max_num_seqs)  # fmt: skip
 
 
 def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
-    return GuardSettings(slo, config.prefill_chunk_tokens, config.admission_margin_ms / 1000, config.hold_margin,
-                         config.rollout_capacity)  # fmt: skip
+    return GuardSettings(slo, config.rollout.prefill_chunk_tokens, config.slo.admission_margin_ms / 1000, config.slo.hold_margin,
+                         config.rollout.capacity)  # fmt: skip
 
 
 def check_ttft_floor(guard: CoServingGuard, slo: SloBudgets, longest_prompt: int) -> float:
@@ -53,8 +53,8 @@ def check_ttft_floor(guard: CoServingGuard, slo: SloBudgets, longest_prompt: int
             "the TTFT budget (%.1f ms) is below what co-location can keep for a %d-token serving prompt (%.1f ms: "
             "its prefill plus the rollout step a hold cannot stop and the admission margin, %.1f ms): a request "
             "that arrives while a rollout step runs waits for it, so this SLO will be missed on this device "
-            "while rollout turns run here. Raise slo_ttft_ms (or slo_from_profile), or lower "
-            "prefill_chunk_tokens or rollout_capacity",
+            "while rollout turns run here. Raise [slo] ttft_ms (or from_profile), or lower [rollout] "
+            "prefill_chunk_tokens or capacity",
             slo.ttft_s * 1e3, longest_prompt, floor * 1e3, guard.admission.config.margin_s * 1e3,
         )  # fmt: skip
     return floor
@@ -135,9 +135,9 @@ class CoServing:
         guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
         log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
         check_ttft_floor(guard, slo, max(n for n, _ in profiles[0].prefill_points))
-        return cls(guard, engines[0], engines[1], runner, config.guard_interval_s, runner.memory,
+        return cls(guard, engines[0], engines[1], runner, config.slo.guard_interval_s, runner.memory,
                    engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure,
-                   revoke_after_s=config.revoke_after_pressure_s)
+                   revoke_after_s=config.slo.revoke_after_pressure_s)
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
         self.feedback = feedback

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from rose_core.config.executor_config import parse_device
 from rose_core.support.errors import RoseError
-from rose_executor.config import parse_device
 
 Purpose = Literal["serving", "rollout"]
 

@@ -267,7 +267,7 @@ class VllmEngine:
             )
         raise RoseError(
             f"cannot {what} the memory of the {self.spec.purpose} engine: it was started without vLLM sleep "
-            "mode (set rollout_sleep_mode = true)"
+            "mode (set sleep_mode = true under [rollout])"
         )
 
     # ---------------------------------------------------------------- weights

@@ -14,8 +14,8 @@ from typing import Literal
 
 import psutil
 
+from rose_core.config.executor_config import parse_device
 from rose_core.support.errors import RoseError, require_extra
-from rose_executor.config import parse_device
 
 DeviceKind = Literal["cpu", "cuda"]
 

@@ -90,4 +90,4 @@ def _refusal(endpoint: str, holder: Holder) -> str:
     return (f"the serving host {endpoint} is lent to the RL job of controller {holder.controller_id} "
             f"({holder.controller}) by rose-executor {holder.executor_id} (pid {holder.pid}) since {since}: "
             f"one RL job per serving host; take it back there first (rose-executor revoke {holder.executor_id}, "
-            "or stop it), or serve another endpoint (`serving_port`)")
+            "or stop it), or serve another endpoint (`port` under [serving])")

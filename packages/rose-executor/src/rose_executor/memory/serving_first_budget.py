@@ -1,6 +1,6 @@
 """The mechanism of serving-first memory on this device: observations for ``ServingFirstMemory``.
 
-Always on for a serving host. The device share is ``device_memory_bytes`` when set, else derived
+Always on for a serving host. The device share is ``[memory] device_bytes`` when set, else derived
 (``host_share``): on CPU what this host gave the two engines, both models' weights plus both KV caches
 (``kv_cache_gib`` each, 1 GiB when 0); on GPU the two engines' memory fractions of the devices they use.
 
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_core.config.executor_config import ExecutorConfig
 from rose_core.policy import LiveRequest, MemoryDecision, MemoryPolicyConfig, RolloutMemoryUse, ServingFirstMemory
 from rose_executor import metrics
-from rose_executor.config import ExecutorConfig
 from rose_executor.engine.engine_settings import CPU_KV_CACHE_GIB
 from rose_executor.host.device import Device, describe_device
 from rose_executor.profile.model_info import count_parameters, dtype_bytes, kv_bytes_per_token_of
@@ -88,18 +88,18 @@ class ServingFirstBudget:
 
 
 def memory_budget(config: ExecutorConfig, device: Device | None = None) -> ServingFirstBudget:
-    """The serving-first budget of this serving host (``device_memory_bytes``, or the derived share of
+    """The serving-first budget of this serving host (``[memory] device_bytes``, or the derived share of
     ``device``, the CPU when None)."""
-    serving = footprint(config.serving_model_dir, config.dtype)
-    rollout = footprint(config.policy_model_dir, config.dtype)
-    share = config.device_memory_bytes or host_share(config, serving, rollout, device or Device("cpu"))
+    serving = footprint(config.serving.model_dir, config.dtype)
+    rollout = footprint(config.rollout.model_dir, config.dtype)
+    share = config.memory.device_bytes or host_share(config, serving, rollout, device or Device("cpu"))
     log.info("serving-first memory: %.1f MB for serving + rollout (%s); budget enforced by admission",
-             share / 1e6, "device_memory_bytes" if config.device_memory_bytes else "derived from the engines' shares")
+             share / 1e6, "[memory] device_bytes" if config.memory.device_bytes else "derived from the engines' shares")
     policy = MemoryPolicyConfig(
         device_bytes=share,
         rollout_weight_bytes=rollout.weight_bytes,
-        headroom_fraction=config.memory_headroom_fraction,
-        high_watermark=config.memory_high_watermark,
+        headroom_fraction=config.memory.headroom_fraction,
+        high_watermark=config.memory.high_watermark,
     )
     return ServingFirstBudget(policy, serving, rollout)
 
@@ -108,7 +108,7 @@ def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFo
     """What this host gave the two engines: on GPU their memory fractions of the devices they use; on CPU both
     models' weights and both KV caches."""
     if device.on_gpu:
-        fractions = config.serving_memory_fraction + config.rollout_memory_fraction
+        fractions = config.serving.memory_fraction + config.rollout.memory_fraction
         return int(describe_device(device).memory_bytes * fractions)
     kv_gib = config.kv_cache_gib or CPU_KV_CACHE_GIB
     return serving.weight_bytes + rollout.weight_bytes + 2 * int(kv_gib * 2**30)

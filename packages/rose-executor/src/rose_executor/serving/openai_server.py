@@ -42,9 +42,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise RoseError(
-                f"serving port {host}:{port} is already in use: set `serving_port` in the executor config to a free port"
+                f"serving port {host}:{port} is already in use: set `port` under [serving] in the executor config to a free port"
             ) from exc
-        raise RoseError(f"cannot listen on {host}:{port} ({exc.strerror}): fix `serving_host`/`serving_port`") from exc
+        raise RoseError(f"cannot listen on {host}:{port} ({exc.strerror}): fix `host` / `port` under [serving]") from exc
     sock.setblocking(False)
     return sock
 

@@ -44,7 +44,7 @@ class GatewayLimits:
     max_tokens: int
     """The most tokens one call may sample, and its default (``rl.max_tokens_per_turn``)."""
     temperature: float
-    """The default temperature (``rl.temperature``)."""
+    """The default temperature (``rl.sampling.temperature``)."""
     turn_timeout_s: float
     """A call whose turn has not finished by then gets a 504 (its prompt tokens are taken back)."""
 

@@ -74,7 +74,7 @@ class ExternalTrainer:
     def timed_out(version: int, timeout_s: float) -> RoseError:
         """What a wait for ``version`` raises when it runs out of time."""
         return RoseError(f"the external trainer did not publish version {version} within {timeout_s:.0f} s "
-                         "(rl.trainer_timeout_s): is it running and pulling GET /trainer/next?")
+                         "(rl.trainer.timeout_s): is it running and pulling GET /trainer/next?")
 
     # ---------------------------------------------------------------- the publisher's thread
 

@@ -7,7 +7,7 @@ turn, submitted on the controller thread (``Controller.on_tick``) with the step'
 synchronous job (``scheduler.staleness = 0``) holds new calls while it trains and ships, so every turn runs
 on the newest weights; an asynchronous one keeps routing them (window ``[T - staleness, T]``).
 Dynamic sampling drops groups without reward spread (they carry no gradient); nothing is refilled here: the
-agents decide what runs. No held-out evaluation (``rl.eval_every`` is for built-in environments).
+agents decide what runs. No held-out evaluation (``rl.eval.every`` is for built-in environments).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class GatewayJob(RLJob):
         self.table = SessionTable(rl.group_size)
         self.bridge = TurnBridge(controller.wake)
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
-                               temperature=rl.temperature, turn_timeout_s=gw.turn_timeout_s)
+                               temperature=rl.sampling.temperature, turn_timeout_s=gw.turn_timeout_s)
         self.gateway = Gateway(self.table, self.bridge, self.codec, _chat_template(policy_dir), limits)
         self.server = GatewayServer(self.gateway, key, gw.host, gw.port).start()
         self.closers.append(self.server.close)

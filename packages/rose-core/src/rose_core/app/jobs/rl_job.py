@@ -14,10 +14,10 @@ Synchronous (``scheduler.staleness = 0``): rollout on ``s - 1`` -> train -> ship
 trainer's decoupled-PPO correction uses each turn's behaviour logprobs, so turns one version old are trained
 correctly. One step ahead at most.
 
-Dynamic sampling (``rl.dynamic_sampling``): groups whose rewards are all equal are dropped and new groups
-rolled out in their place, at most ``rl.max_refill_rounds`` times a step. Evaluation (``rl.eval_every``):
+Dynamic sampling (``rl.sampling.dynamic_sampling``): groups whose rewards are all equal are dropped and new groups
+rolled out in their place, at most ``rl.sampling.max_refill_rounds`` times a step. Evaluation (``rl.eval.every``):
 held-out maps played greedily beside the step's rollout, never trained on. Checkpoints
-(``rl.checkpoint_every``) after the step's weights shipped; ``resume`` continues from one.
+(``rl.checkpoint.every``) after the step's weights shipped; ``resume`` continues from one.
 """
 
 from __future__ import annotations
@@ -151,11 +151,11 @@ class RLJob:
         rollout, self._next = self._next or self._start_rollout(step), None
         deadline = time.monotonic() + self.config.rl.turn_timeout_s * self.config.rl.max_turns
         self._drive(rollout, deadline)
-        if self.config.rl.dynamic_sampling:
+        if self.config.rl.sampling.dynamic_sampling:
             self._refill(rollout, deadline)
         rollout_s = time.monotonic() - started
         everything = rollout.finished()
-        trained = informative_groups(everything)[0] if self.config.rl.dynamic_sampling else everything
+        trained = informative_groups(everything)[0] if self.config.rl.sampling.dynamic_sampling else everything
         if self.config.scheduler.staleness > 0 and step < self.config.rl.steps:
             self._next = self._start_rollout(step + 1, ahead=True)
         self._set_phase(rollout, "train")
@@ -200,7 +200,7 @@ class RLJob:
         t0 = time.monotonic()
         if isinstance(self.trainer, ExternalTrainer):
             self.trainer.offer(rollout.step, self.version, samples, rollout.finished())
-            version, timeout = self.version + 1, self.config.rl.trainer_timeout_s
+            version, timeout = self.version + 1, self.config.rl.trainer.timeout_s
             self._external = self.loop.result(self.trainer.published_version(version), timeout,
                                               lambda: self.trainer.timed_out(version, timeout))  # type: ignore[union-attr]
             return None, time.monotonic() - t0
@@ -223,12 +223,12 @@ class RLJob:
         return self.trainer
 
     def _checkpoint(self, step: int, report: StepReport) -> str:
-        every = self.config.rl.checkpoint_every
+        every = self.config.rl.checkpoint.every
         if every <= 0 or (step % every and step != self.config.rl.steps):
             return ""
         rl = self.config.rl
-        root = Path(rl.checkpoint_dir or Path(self.config.run_dir) / "checkpoints")
-        path = self._own_trainer().save_checkpoint(root, step=step, weight_version=self.version, keep=rl.checkpoint_keep,
+        root = Path(rl.checkpoint.dir or Path(self.config.run_dir) / "checkpoints")
+        path = self._own_trainer().save_checkpoint(root, step=step, weight_version=self.version, keep=rl.checkpoint.keep,
                                                    extra={"reward_mean": report.reward_mean}, rl=msgspec.to_builtins(rl))
         log.info("step %d: checkpoint %s", step, path)
         return str(path)
@@ -244,7 +244,7 @@ class RLJob:
         self._rollout = rollout
         self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
         self._add_groups(rollout, rl.prompts_per_step)
-        if rl.eval_every and step % rl.eval_every == 0:
+        if rl.eval.every and step % rl.eval.every == 0:
             self._add_evals(rollout)
         self._set_phase(rollout, "rollout")
         return rollout
@@ -259,7 +259,7 @@ class RLJob:
         rollout.groups += count
 
     def _add_evals(self, rollout: StepRollout) -> None:
-        for i in range(self.config.rl.eval_maps):
+        for i in range(self.config.rl.eval.maps):
             tid = f"s{rollout.step}-eval{i}"
             rollout.evals.add(tid)
             self._add_episode(rollout, tid, f"s{rollout.step}-eval", EVAL_SEED_BASE + i)
@@ -274,7 +274,7 @@ class RLJob:
     def _refill(self, rollout: StepRollout, deadline: float) -> None:
         """Dynamic sampling: roll out new groups for those with no reward spread, at most ``max_refill_rounds``."""
         rl = self.config.rl
-        for _ in range(rl.max_refill_rounds):
+        for _ in range(rl.sampling.max_refill_rounds):
             kept, dropped = informative_groups(rollout.finished())
             missing = rl.prompts_per_step - len({t.group_id for t in kept})
             if missing <= 0 or time.monotonic() >= deadline:
@@ -291,7 +291,7 @@ class RLJob:
         rl = self.config.rl
         lo, hi = rollout.window
         prompt = np.asarray(rollout.episodes[trajectory_id].prompt(), dtype=np.int32)
-        temperature = 0.0 if trajectory_id in rollout.evals else rl.temperature
+        temperature = 0.0 if trajectory_id in rollout.evals else rl.sampling.temperature
         payload = TurnPayload(prompt, SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=temperature),
                               rollout.step)
         self.controller.submit_turn(TurnTicket(f"{trajectory_id}/t{k}", trajectory_id, lo, hi,

@@ -44,7 +44,7 @@ class StepReport:
     success_rate: float = 0.0
     """Trajectories whose environment reported success (FrozenLake: the goal reached) / trajectories rolled out."""
     eval_success: float | None = None
-    """Greedy success on the held-out maps (``rl.eval_every``; None on steps that did not evaluate)."""
+    """Greedy success on the held-out maps (``rl.eval.every``; None on steps that did not evaluate)."""
     train: dict[str, float | None] = field(default_factory=dict)
     """The trainer's statistics (``TrainStats``): loss, clip_fraction, ratio_mean, behaviour_ratio_mean,
     tis_truncated_fraction, approx_kl, kl_ref, grad_norm, tokens, samples."""

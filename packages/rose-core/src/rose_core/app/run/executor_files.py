@@ -1,11 +1,19 @@
-"""The `rose-executor --config` file `rose run` writes for each executor it starts."""
+"""The `rose-executor --config` file `rose run` writes for each executor it starts: an ``ExecutorConfig`` (the
+schema the executor reads, ``rose_core.config.executor_config``) built from the job's config, with the
+job's `[executors] serving_overrides` / `dedicated_overrides` laid over it section by section."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rose_core.app.config import RunConfig
+from rose_core.config.executor_config import MOVED, ExecutorConfig, GuardSlo, RolloutSection, ServingSection
+from rose_core.config.sections import dump_toml
+from rose_core.support.errors import ConfigError
 
 DEMO_SLO_FROM_PROFILE = 10.0
 """The embedded demo's serving SLO: a serving executor derives its TTFT / TPOT budgets from its start-up
@@ -13,24 +21,40 @@ profile, as this multiple of the serving-alone latency (prefill of a 512-token p
 serving batch); `[slo]` ttft_ms / tpot_ms then only judge the client-side latency in the run report."""
 
 
-def executor_config(config: RunConfig, role: str, policy: Path, serving: Path, index: int) -> dict[str, Any]:
-    """The `rose-executor --config` file for one local executor (its schema: rose_executor.config)."""
-    ex = config.executors
-    section: dict[str, Any] = {
-        "policy_model_dir": str(policy),
-        "kv_cache_gib": ex.kv_cache_gib,
-        "rollout_capacity": ex.rollout_capacity,
-        "slo_ttft_ms": config.slo.ttft_ms,
-        "slo_tpot_ms": config.slo.tpot_ms,
-        "headroom_fraction": config.slo.headroom_fraction,
-        "encrypt_control": config.controller.encrypt,
-    }
-    if role == "serving":
-        section.update(
-            serving_model_dir=str(serving),
-            serving_host="127.0.0.1",
-            serving_port=0,
-            slo_from_profile=DEMO_SLO_FROM_PROFILE,
-        )
-    section.update(ex.serving_overrides if role == "serving" else ex.dedicated_overrides)
-    return section
+def executor_config(config: RunConfig, role: str, policy: Path, serving: Path) -> ExecutorConfig:
+    """One local executor's config: the job's SLO, KV cache and capacity, then that role's overrides."""
+    ex, slo = config.executors, config.slo
+    serving_role = role == "serving"
+    base = ExecutorConfig(
+        rollout=RolloutSection(model_dir=str(policy), capacity=ex.rollout_capacity),
+        serving=ServingSection(model_dir=str(serving), host="127.0.0.1", port=0) if serving_role else ServingSection(),
+        slo=GuardSlo(ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, headroom_fraction=slo.headroom_fraction,
+                     from_profile=DEMO_SLO_FROM_PROFILE if serving_role else 0.0),
+        kv_cache_gib=ex.kv_cache_gib, encrypt_control=config.controller.encrypt,
+    )
+    overrides = ex.serving_overrides if serving_role else ex.dedicated_overrides
+    return with_overrides(base, overrides, f"executors.{role}_overrides")
+
+
+def with_overrides(base: ExecutorConfig, overrides: Mapping[str, Any], where: str) -> ExecutorConfig:
+    """``base`` with ``overrides`` (the executor config's own layout: sections as tables) laid over it; a
+    ``ConfigError`` naming ``where`` and the field for anything the executor would refuse."""
+    for old, new in MOVED.items():
+        if old in overrides:
+            raise ConfigError(f"{where}: `{old}` has moved: write it as `{new}` (a table per section)")
+    merged = _merge(msgspec.to_builtins(base), overrides)
+    try:
+        return msgspec.convert(merged, ExecutorConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {exc} (docs/executor.md lists the executor's settings)") from exc
+
+
+def write_executor_config(path: Path, config: ExecutorConfig) -> None:
+    path.write_text(dump_toml(config))
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out

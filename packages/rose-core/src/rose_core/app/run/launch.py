@@ -12,13 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import tomli_w
-
 from rose_core.app.config import RELAY_NONE, RELAY_START, RunConfig
 from rose_core.app.controller.control_loop import ControlLoop
 from rose_core.app.controller.controller import Controller
 from rose_core.app.run.child_processes import PARENT_PID, ChildProcesses
-from rose_core.app.run.executor_files import executor_config
+from rose_core.app.run.executor_files import executor_config, write_executor_config
 from rose_core.app.run.load_generator import LoadGenerator
 from rose_core.app.weight_publisher import WeightPublisher, WeightRelay, load_publisher
 from rose_core.protocol.auth import (
@@ -150,7 +148,7 @@ class Launch:
         for role, i in roles:
             executor_id = f"{role}-{i}"
             path = self.run_dir / f"executor-{executor_id}.toml"
-            path.write_text(tomli_w.dumps(executor_config(self.config, role, policy, serving, i)))
+            write_executor_config(path, executor_config(self.config, role, policy, serving))
             key_path = self.run_dir / f"executor-{executor_id}.key"  # its own key, not the secret
             write_executor_key(key_path, self.secret, executor_id)
             argv = [sys.executable, "-m", "rose_executor", "--controller", controller.address, "--role", role,

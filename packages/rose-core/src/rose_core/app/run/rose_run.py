@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rose_core.app.config import EXTERNAL_TRAINER, GATEWAY_ENV, RunConfig
+from rose_core.app.config import GATEWAY_ENV, RunConfig
 from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.executor_record import ExecutorRecord
 from rose_core.app.jobs.external_trainer import ExternalTrainer
@@ -55,7 +55,7 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     directory of them, the newest is taken) to continue from: the run goes on with the step after it, up to
     ``rl.steps``.
     """
-    if resume is not None and config.rl.trainer == EXTERNAL_TRAINER:
+    if resume is not None and config.rl.trainer.external:
         raise RoseError("--resume restores ROSE's trainer: an external trainer resumes itself (start the run "
                         "without --resume; its executors get the weights your trainer publishes first)")
     if resume is not None:
@@ -117,9 +117,9 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     rl = config.rl
     from rose_core.app.jobs.gateway_job import GatewayJob, gateway_key
 
-    external = rl.trainer == EXTERNAL_TRAINER
+    external = rl.trainer.external
     key, key_path = gateway_key(config) if external or rl.env == GATEWAY_ENV else ("", Path())
-    trainer = (ExternalTrainer(rl.trainer_ranks, wake=controller.wake) if external
+    trainer = (ExternalTrainer(rl.trainer.ranks, wake=controller.wake) if external
                else PolicyTrainer.from_config(models.policy, rl))
     args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
     options: dict[str, Any] = {"loop": launch.control_loop(), "on_progress": progress, "relays": launch.relays}
@@ -143,7 +143,7 @@ def _open_trainer_api(job: RLJob, trainer: ExternalTrainer, publisher: WeightPub
     from rose_core.app.gateway.http_server import ApiServer
     from rose_core.app.jobs.external_trainer import TRAINER_ROUTES
 
-    trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer_timeout_s,
+    trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer.timeout_s,
                                                  on_publish=trainer.published, key=intake_key)
     server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api").start()
     job.trainer_api = server  # type: ignore[attr-defined]

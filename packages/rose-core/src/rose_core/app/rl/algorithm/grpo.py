@@ -81,8 +81,8 @@ def build_samples(
 
 def build_samples_from_config(trajectories: Sequence[Trajectory], rl: RLConfig) -> list[TrainSample]:
     """``build_samples`` with the job's ``advantage_std_norm`` and overlong shaping (off at buffer 0)."""
-    overlong = OverlongShaping.from_config(rl) if rl.overlong_buffer_tokens > 0 else None
-    return build_samples(trajectories, std_norm=rl.advantage_std_norm, overlong=overlong)
+    overlong = OverlongShaping.from_config(rl) if rl.loss.overlong_buffer_tokens > 0 else None
+    return build_samples(trajectories, std_norm=rl.loss.advantage_std_norm, overlong=overlong)
 
 
 def informative_groups(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], list[str]]:

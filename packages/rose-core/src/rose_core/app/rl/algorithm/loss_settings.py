@@ -39,10 +39,10 @@ class LossSettings:
     def from_config(cls, rl: RLConfig) -> LossSettings:
         """The job's settings; a sample is one turn, so Dr. GRPO's constant is ``rl.max_tokens_per_turn``."""
         return cls(
-            clip_low=rl.clip_low,
-            clip_high=rl.clip_high,
-            loss_agg=rl.loss_agg,
-            kl_coef=rl.kl_coef,
-            tis_cap=rl.tis_cap,
+            clip_low=rl.loss.clip_low,
+            clip_high=rl.loss.clip_high,
+            loss_agg=rl.loss.loss_agg,
+            kl_coef=rl.loss.kl_coef,
+            tis_cap=rl.loss.tis_cap,
             max_response_tokens=rl.max_tokens_per_turn,
         )

@@ -43,7 +43,7 @@ class OverlongShaping:
 
     @classmethod
     def from_config(cls, rl: RLConfig) -> OverlongShaping:
-        return cls(rl.max_tokens_per_turn, rl.overlong_buffer_tokens, rl.overlong_penalty)
+        return cls(rl.max_tokens_per_turn, rl.loss.overlong_buffer_tokens, rl.loss.overlong_penalty)
 
     def shaped_reward(self, trajectory: Trajectory) -> float:
         """The trajectory's reward plus every turn's shaping."""

