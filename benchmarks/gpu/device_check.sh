@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of one lent device, in one run (tool `device`, repository root, wheels in .whl/ for the few
-# pure dependencies the machine lacks; see docs/benchmarks.md "GPU experiments"):
+# pure dependencies the machine lacks; see docs/benchmarks.md "GPU device check"):
 #
 #   1. the co-serving guard on real contention, three seeds (issue 12's GPU item): benchmarks/gpu/admission
 #   2. the device codec on 2^30 bf16 elements, 1% changed: benchmarks/gpu/codec_bench.py

@@ -4,7 +4,7 @@ What is alive when a ROSE process has started (imported modules, the models and 
 engines' clients, the trainer, the scheduler) lives as long as the process. CPython's full collection
 (generation 2) still walks all of it every time one runs: on this host (2 vCPUs) a pass took about 200 ms
 in `rose run`'s controller and 300 ms in a dedicated executor, stalling every turn in flight, the executor's
-SLO guard and its heartbeats (docs/benchmarks.md, "The startup heap frozen"). ``freeze_startup_heap``
+SLO guard and its heartbeats (docs/benchmarks.md, "Controller and gateway latency"). ``freeze_startup_heap``
 collects once, then moves every object left to the permanent generation (``gc.freeze``): later full passes
 walk only what was allocated since. vLLM does the same after its engine core starts and in its OpenAI
 server's lifespan (``freeze_gc_heap``): a serving executor, which mounts that app, has its heap frozen by
