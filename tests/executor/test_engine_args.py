@@ -201,7 +201,7 @@ async def test_a_cpu_vllm_engine_cannot_release_memory_and_says_why() -> None:
     awake = EngineSpec(model_dir=Path("m"), device="cuda", gpu_memory_utilization=0.3, enforce_eager=False)
     no_sleep = VllmEngine(awake, None)  # type: ignore[arg-type]
     assert no_sleep.can_release_memory is False
-    with pytest.raises(RoseError, match="started without vLLM sleep mode \\(set rollout_sleep_mode = true\\)"):
+    with pytest.raises(RoseError, match="started without vLLM sleep mode \\(set sleep_mode = true under \\[rollout\\]\\)"):
         await no_sleep.release_memory()
     asleep = EngineSpec(model_dir=Path("m"), device="cuda", gpu_memory_utilization=0.3, enable_sleep_mode=True)
     assert VllmEngine(asleep, None).can_release_memory is True  # type: ignore[arg-type]

@@ -1,5 +1,7 @@
 """`rose run --ray` on a real local Ray cluster (2 CPUs, one unit of the serving resource declared): the
-executors are Ray actors running real vLLM CPU engines. While the job runs, a second job asks for the same
+executors are Ray actors running real vLLM CPU engines, with no production traffic (nothing for the serving
+executor's guard to hold turns back for: it runs turns in every step, which the kill below needs; a burst
+once kept it idle for the 12 steps left of a run and failed the test). While the job runs, a second job asks for the same
 serving resource and fails with an error that names it and the job holding it; then the first job's serving
 actor is killed mid-step and the job finishes on the rest, nothing lost.
 
@@ -31,6 +33,9 @@ run_dir = "{work}/run"
 [rl]
 max_tokens_per_turn = 24
 eval.every = 0
+
+[load]
+enabled = false
 
 [ray]
 placement_timeout_s = {placement}

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rose_transfer.codec import cuda_codec  # noqa: E402
+from rose_transfer.bench import cuda_codec  # noqa: E402
 from rose_transfer.codec.bucket_codec import decode_bucket, encode_bucket  # noqa: E402
 from rose_transfer.codec.words import word_view  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_triton_kernels_are_bit_exact_in_the_interpreter() -> None:
     pytest.importorskip("triton")
     script = """
 import torch
-from rose_transfer.codec import cuda_codec as cc
+from rose_transfer.bench import cuda_codec as cc
 old = torch.randn(100_003).to(torch.bfloat16)
 new = old.clone()
 picked = torch.rand(old.numel()) < 0.01

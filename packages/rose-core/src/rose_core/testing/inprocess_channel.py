@@ -26,11 +26,16 @@ from typing import Any, Self, TypeVar
 
 import msgspec
 
-from rose_core.protocol.auth import Signer
 from rose_core.protocol.messages import FromController, ToController
-from rose_core.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES, Framer
+from rose_core.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES
 from rose_core.support.errors import RoseError
-from rose_core.transport.control_endpoint import ClientCallback, ServerCallback, ServerKeys, server_keys
+from rose_core.transport.control_endpoint import (
+    ClientCallback,
+    ServerCallback,
+    ServerKeys,
+    endpoint_framers,
+    server_keys,
+)
 from rose_core.transport.inbound import Inbound
 
 log = logging.getLogger(__name__)
@@ -50,18 +55,10 @@ def _on_the_wire(frames: Sequence[Any]) -> list[bytes]:
 class _InProcessEnd(Inbound[InT]):
     """Sealing, opening and the lifecycle both ends share."""
 
-    def __init__(
-        self,
-        secret: bytes,
-        decode_type: Any,
-        on_message: Callable[[bytes, InT], None] | None,
-        max_message_bytes: int,
-        keys: ServerKeys | None = None,
-    ) -> None:
-        signer = Signer(secret)
-        opener = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
+    def __init__(self, secret: bytes, decode_type: Any, on_message: Callable[[bytes, InT], None] | None,
+                 max_message_bytes: int, keys: ServerKeys | None = None) -> None:
+        opener, self._send_framer = endpoint_framers(secret, decode_type, max_message_bytes, keys)
         super().__init__(opener, on_message)
-        self._send_framer = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         self._send_lock = threading.Lock()
         self._open_lock = threading.RLock()  # a notice sent while rejecting may come back to this end
         self.closed = False
@@ -148,14 +145,8 @@ class InProcessClient(_InProcessEnd[FromController]):
     """A peer's end, connected to the ``InProcessServer`` listening on ``address``; the constructor takes
     what ``ControlClient``'s does."""
 
-    def __init__(
-        self,
-        address: str,
-        secret: bytes,
-        peer_id: str,
-        on_message: ClientCallback | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str, on_message: ClientCallback | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         super().__init__(secret, FromController, on_message, max_message_bytes)
         with _listening_lock:
             server = _listening.get(address)

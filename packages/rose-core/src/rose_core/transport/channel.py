@@ -76,16 +76,8 @@ class ControlClient(ThreadedEndpoint[FromController]):
     """A peer's DEALER socket connected to the controller. ``encrypt_with``: the observer key, to reach a
     controller that encrypts (CurveZMQ); ``None``: plain."""
 
-    def __init__(
-        self,
-        address: str,
-        secret: bytes,
-        peer_id: str,
-        on_message: ClientCallback | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        *,
-        encrypt_with: bytes | None = None,
-    ) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str, on_message: ClientCallback | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, encrypt_with: bytes | None = None) -> None:
         super().__init__(zmq.DEALER, secret, FromController, on_message, max_message_bytes)
         try:
             connect_client(self._sock, address, peer_id, encrypt_with)

@@ -15,6 +15,7 @@ import msgspec
 
 from rose_core.protocol.auth import Signer, executor_signer, observer_key
 from rose_core.protocol.messages import ErrorReport, FromController, Goodbye, Hello, StatusAck, ToController
+from rose_core.protocol.wire import Framer
 
 ServerCallback = Callable[[bytes, ToController], None]
 """Called with ``(peer routing id, message)`` for every accepted message, instead of queueing it for ``recv``."""
@@ -86,3 +87,12 @@ def server_keys(secret: bytes) -> ServerKeys:
 
 def _member_signer(secret: bytes, peer: bytes) -> Signer:
     return executor_signer(secret, peer.decode(errors="replace"))
+
+
+def endpoint_framers(secret: bytes, decode_type: Any, max_message_bytes: int,
+                     keys: ServerKeys | None = None) -> tuple[Framer, Framer]:
+    """An endpoint's two framers over one signer: the one that opens what arrives, the one that seals what leaves
+    (each keeps its own stamp sequence)."""
+    signer = Signer(secret)
+    return (Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys())),
+            Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys())))

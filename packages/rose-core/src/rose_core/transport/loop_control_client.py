@@ -30,16 +30,8 @@ class LoopControlClient(Inbound[FromController]):
     arrived without it firing again, so every send is followed by a drain scheduled on the loop.
     """
 
-    def __init__(
-        self,
-        address: str,
-        secret: bytes,
-        peer_id: str,
-        on_message: ClientCallback | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        *,
-        encrypt_with: bytes | None = None,
-    ) -> None:
+    def __init__(self, address: str, secret: bytes, peer_id: str, on_message: ClientCallback | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, encrypt_with: bytes | None = None) -> None:
         signer = Signer(secret)
         super().__init__(Framer(signer, FromController, max_message_bytes), on_message)
         self._send_framer = Framer(signer, FromController, max_message_bytes)

@@ -48,11 +48,9 @@ import msgspec
 import zmq
 import zmq.utils.z85
 
-from rose_core.protocol.auth import Signer
-from rose_core.protocol.wire import Framer
 from rose_core.support.errors import RoseError
 from rose_core.support.metrics import DROPPED_MESSAGES
-from rose_core.transport.control_endpoint import ServerKeys
+from rose_core.transport.control_endpoint import ServerKeys, endpoint_framers
 from rose_core.transport.inbound import Inbound
 
 log = logging.getLogger(__name__)
@@ -119,12 +117,10 @@ class ThreadedEndpoint(Inbound[InT]):
         max_message_bytes: int,
         keys: ServerKeys | None = None,
     ) -> None:
-        signer = Signer(secret)
-        opener = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
+        opener, self._send_framer = endpoint_framers(secret, decode_type, max_message_bytes, keys)
         super().__init__(opener, on_message)  # opened on the I/O thread
         self._ctx = zmq.Context()
         self._sock = control_socket(self._ctx, sock_type, max_message_bytes)
-        self._send_framer = Framer(signer, decode_type, max_message_bytes, **(keys or ServerKeys()))
         self._pipe_addr = f"inproc://rose-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)  # unbounded: the I/O thread drains it and never blocks

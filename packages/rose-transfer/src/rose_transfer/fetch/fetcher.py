@@ -118,15 +118,8 @@ class WeightFetcher:
             digest=progress.manifest.digest,
         )
 
-    async def fetch_into(
-        self,
-        announce: WeightAnnounce,
-        target: ResidentWeights,
-        *,
-        buckets: Iterable[int] | None = None,
-        relay: str | None = None,
-        view: ShardView | None = None,
-    ) -> FetchedInMemory:
+    async def fetch_into(self, announce: WeightAnnounce, target: ResidentWeights, *, buckets: Iterable[int] | None = None,
+                         relay: str | None = None, view: ShardView | None = None) -> FetchedInMemory:
         """Apply ``announce.version`` to the weights ``target`` holds in memory, whole or not at all.
 
         If ``target`` holds a version in the same layout, buckets come as patches against it (from a
@@ -139,15 +132,8 @@ class WeightFetcher:
         staged = await self.stage_into(announce, target, buckets=buckets, relay=relay, view=view)
         return await self.commit_staged(staged)
 
-    async def stage_into(
-        self,
-        announce: WeightAnnounce,
-        target: ResidentWeights,
-        *,
-        buckets: Iterable[int] | None = None,
-        relay: str | None = None,
-        view: ShardView | None = None,
-    ) -> StagedVersion:
+    async def stage_into(self, announce: WeightAnnounce, target: ResidentWeights, *, buckets: Iterable[int] | None = None,
+                         relay: str | None = None, view: ShardView | None = None) -> StagedVersion:
         """Pull ``announce.version`` for ``target`` without touching it: patches kept as they came
         (O(changes)), dense buckets in a staging buffer. Apply with ``commit_staged`` or drop with
         ``StagedVersion.discard``."""

@@ -10,7 +10,6 @@ set: one constructor for both.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -21,6 +20,7 @@ from rose_core.support.errors import ConfigError, RoseError
 from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.serve.bucket_patch import word_bytes
 from rose_transfer.serve.cluster_relay import ClusterRelay
+from rose_transfer.serve.listeners import Listeners, ServingEnd
 from rose_transfer.serve.shard_intake import ShardIntake
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.version_store import VersionStore
@@ -34,7 +34,7 @@ from rose_transfer.wire.ucx_transport import ucx_listen
 log = logging.getLogger(__name__)
 
 
-class DensePublisher:
+class DensePublisher(ServingEnd):
     """Implements ``rose_core.app.weight_publisher.WeightPublisher``; every byte of a version travels to every receiver.
 
     ``bulk_mac``: how bucket replies are signed: ``"poly1305"`` (default; a one-time-key Poly1305 tag,
@@ -81,9 +81,7 @@ class DensePublisher:
                                       tls=tls)
         self._thread = LoopThread("rose-weight-publisher")
         self._serving = self._thread.submit(self._server.serve(self._listener))
-        self._tcp_listeners: list[socket.socket] = []
-        self._ucx_listeners: list[Any] = []
-        self._closed = False
+        self._listeners = Listeners(self._thread, self._server, self._listener)
         self._secret = secret
         log.info("serving weight versions at %s", self.source)
 
@@ -165,7 +163,7 @@ class DensePublisher:
             tls=self.tls,
         )
         listener = bind_listener(self._host, port)
-        self._tcp_listeners.append(listener)
+        self._listeners.tcp.append(listener)
         self._thread.submit(intake.serve(listener))
         return format_source(advertised_host(self._host), int(listener.getsockname()[1]), tls=self.tls)
 
@@ -180,7 +178,7 @@ class DensePublisher:
         """Serve the same versions on another TCP port (0 picks one), its sends admitted by ``gate`` if
         given; returns that port's ``tcp://`` source."""
         listener = bind_listener(self._host, port)
-        self._tcp_listeners.append(listener)
+        self._listeners.tcp.append(listener)
         self._thread.submit(self._server.serve(listener, gate))
         return format_source(advertised_host(self._host), int(listener.getsockname()[1]), tls=self.tls)
 
@@ -190,7 +188,7 @@ class DensePublisher:
 
         async def start() -> str:
             listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), 0, gate)
-            self._ucx_listeners.append(listener)
+            self._listeners.ucx.append(listener)
             return source
 
         return self._thread.submit(start()).result()
@@ -209,21 +207,3 @@ class DensePublisher:
     def rejected(self) -> int:
         """Connections dropped for a rejected frame since start."""
         return self._server.rejected
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for ucx in self._ucx_listeners:
-            self._thread.loop.call_soon_threadsafe(ucx.close)
-        self._thread.stop()
-        self._listener.close()
-        for listener in self._tcp_listeners:
-            listener.close()
-        self._server.close()
-
-    def __enter__(self) -> DensePublisher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -18,6 +18,7 @@ from typing import Any
 from rose_core.protocol.auth import MIN_SECRET_BYTES
 from rose_core.protocol.messages import FetchBucket, FetchManifest, Hello, Welcome
 from rose_core.support.errors import ConfigError
+from rose_transfer.serve.listeners import Listeners, ServingEnd
 from rose_transfer.serve.transfer_server import TransferServer
 from rose_transfer.serve.upstream_link import UpstreamLink
 from rose_transfer.serve.version_store import VersionStore
@@ -67,7 +68,7 @@ class RelayServer(TransferServer):
                 del self._cache[key]
 
 
-class Relay:
+class Relay(ServingEnd):
     """A relay on its own event-loop thread, serving at ``self.source``. ``tls``: serve TLS (``tls://``);
     ``None``: as its upstream does (a relay of a ``tls://`` publisher keeps the weights encrypted)."""
 
@@ -86,14 +87,13 @@ class Relay:
         self.tls = is_tls(upstream) if tls is None else tls
         self._listener = bind_listener(host, port)
         self._host = host
-        self._ucx_listeners: list[Any] = []
         self.source = format_source(advertised_host(host), int(self._listener.getsockname()[1]), tls=self.tls)
         self.relay_id = relay_id or f"relay@{self.source}"
         self._thread = LoopThread(f"rose-relay-{self.source}")
         self._upstream = self._thread.submit(_make_link(secret, upstream, self.relay_id)).result()
         self._server = RelayServer(secret, self._upstream, self.relay_id, tls=self.tls)
+        self._listeners = Listeners(self._thread, self._server, self._listener)
         self._thread.submit(self._server.serve(self._listener))
-        self._closed = False
         log.info("relaying %s at %s", upstream, self.source)
 
     @property
@@ -107,27 +107,10 @@ class Relay:
 
         async def start() -> str:
             listener, source = ucx_listen(self._server.handle_connection, advertised_host(self._host), port)
-            self._ucx_listeners.append(listener)
+            self._listeners.ucx.append(listener)
             return source
 
         return self._thread.submit(start()).result()
-
-    def close(self) -> None:
-        """Stop serving and drop every connection (receivers then fall back to the publisher)."""
-        if self._closed:
-            return
-        self._closed = True
-        for ucx in self._ucx_listeners:
-            self._thread.loop.call_soon_threadsafe(ucx.close)
-        self._listener.close()
-        self._thread.stop()
-        self._server.close()
-
-    def __enter__(self) -> Relay:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 async def _make_link(secret: bytes, upstream: str, relay_id: str) -> UpstreamLink:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_transfer.plan.shard_assembly import AssemblyPlan, assembly_plan
 from rose_transfer.serve.pending_shards import PendingShards
 from rose_transfer.version.manifest import FlatVersion
+from rose_transfer.wire.accept_loop import accept_forever
 from rose_transfer.wire.frame_connection import REPLY_OVERHEAD, FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.tls_link import TlsFrameSocket
@@ -96,31 +98,16 @@ class ShardIntake:
 
     async def serve(self, listener: socket.socket) -> None:
         """Accept and serve rank connections on ``listener`` until cancelled."""
-        listener.setblocking(False)
-        loop = asyncio.get_running_loop()
-        handlers: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                try:
-                    sock, _ = await loop.sock_accept(listener)
-                except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
-                    log.warning("shard intake cannot accept a connection: %s", exc)
-                    await asyncio.sleep(0.1)
-                    continue
-                if self._unauthenticated >= self._max_unauthenticated:  # counted before the close the peer sees
-                    self._count(ProtocolError("over_capacity", f"{self._unauthenticated} connections before "
-                                                               "their handshake"))
-                    sock.close()
-                    continue
-                conn = TlsFrameSocket.server(sock, self._secret) if self.tls else FrameSocket(sock)
-                self._unauthenticated += 1  # counted as it is accepted: a burst cannot pass the cap before a task runs
-                task = asyncio.create_task(self._handle(conn))
-                handlers.add(task)
-                task.add_done_callback(handlers.discard)
-        finally:
-            for task in handlers:
-                task.cancel()
-            await asyncio.gather(*handlers, return_exceptions=True)
+        await accept_forever(listener, self._admit, "shard intake")
+
+    def _admit(self, sock: socket.socket, _address: Any) -> Coroutine[Any, Any, None] | None:
+        if self._unauthenticated >= self._max_unauthenticated:  # counted before the close the peer sees
+            self._count(ProtocolError("over_capacity", f"{self._unauthenticated} connections before their handshake"))
+            sock.close()
+            return None
+        conn = TlsFrameSocket.server(sock, self._secret) if self.tls else FrameSocket(sock)
+        self._unauthenticated += 1  # counted as it is accepted: a burst cannot pass the cap before a task runs
+        return self._handle(conn)
 
     async def _handle(self, conn: FrameConnection) -> None:
         framer = Framer(Signer(self._secret), ShardIntakeRequest, self.part_bytes + REPLY_OVERHEAD)

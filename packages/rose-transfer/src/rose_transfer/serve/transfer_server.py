@@ -33,7 +33,7 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -60,6 +60,7 @@ from rose_transfer.codec.compiled_scan import warm_up
 from rose_transfer.metrics import SENT_BYTES
 from rose_transfer.serve.bucket_patch import dense_reply, patch_reply, prepare_thread, same_buckets
 from rose_transfer.serve.version_store import ServedVersion, VersionStore
+from rose_transfer.wire.accept_loop import accept_forever
 from rose_transfer.wire.frame_connection import FrameConnection
 from rose_transfer.wire.frame_socket import FrameSocket
 from rose_transfer.wire.sealer import Sealer
@@ -124,25 +125,12 @@ class TransferServer:
 
     async def serve(self, listener: socket.socket, gate: SendGate | None = None) -> None:
         """Accept and serve connections on ``listener``; ``gate``, if given, admits their sends."""
-        listener.setblocking(False)
-        loop = asyncio.get_running_loop()
-        handlers: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                try:
-                    sock, address = await loop.sock_accept(listener)
-                except OSError as exc:  # e.g. out of file descriptors: back off, keep serving
-                    log.warning("weight server cannot accept a connection: %s", exc)
-                    await asyncio.sleep(0.1)
-                    continue
-                self.connections += 1
-                task = asyncio.create_task(self._handle(sock, _peer_name(address), gate))
-                handlers.add(task)
-                task.add_done_callback(handlers.discard)
-        finally:
-            for task in handlers:
-                task.cancel()
-            await asyncio.gather(*handlers, return_exceptions=True)
+
+        def accepted(sock: socket.socket, address: Any) -> Coroutine[Any, Any, None]:
+            self.connections += 1
+            return self._handle(sock, _peer_name(address), gate)
+
+        await accept_forever(listener, accepted, "weight server")
 
     async def _handle(self, sock: socket.socket, peer: str, gate: SendGate | None = None) -> None:
         """A TCP connection; with ``tls``, its TLS handshake runs in the connection's handshake (same timeout,

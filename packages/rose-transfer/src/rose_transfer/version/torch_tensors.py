@@ -4,7 +4,7 @@ Imported only when a torch tensor is handed in (``sys.modules`` already holds to
 asks for torch tensors back; installing rose-transfer never pulls torch (it is the ``[torch]`` extra).
 It depends only on ``dtypes``: what it binds to is described by ``HeldWeights`` (which
 ``resident.resident_weights.ResidentWeights`` is), and ``fetched_version.load_tensors`` calls it.
-(The device codec, ``codec.cuda_codec``, imports torch itself: it must load without rose.)
+(The device codec, ``bench.cuda_codec``, imports torch itself: it must load without rose.)
 """
 
 from __future__ import annotations

@@ -16,18 +16,7 @@ from rose_core.app.config import ControllerConfig
 from rose_core.app.controller import controller_metrics as metrics
 from rose_core.app.controller.controller_stats import ControllerStats
 from rose_core.app.controller.executor_record import ExecutorRecord
-from rose_core.protocol.messages import (
-    PROTOCOL_VERSION,
-    ErrorReport,
-    Goodbye,
-    Heartbeat,
-    Hello,
-    Register,
-    Shutdown,
-    StatusAck,
-    ToController,
-    Welcome,
-)
+from rose_core.protocol import messages as m
 from rose_core.scheduler import ElasticScheduler
 from rose_core.support.metrics import REJECTED_MESSAGES
 from rose_core.transport.control_endpoint import ServerEndpoint
@@ -49,32 +38,32 @@ class ExecutorRegistry:
 
     # ---------------------------------------------------------------- the handshake
 
-    def hello(self, peer: bytes, msg: Hello) -> bool:
+    def hello(self, peer: bytes, msg: m.Hello) -> bool:
         """Welcome the peer (True), or tell it why not (a protocol version other than this controller's)."""
-        if msg.protocol_version != PROTOCOL_VERSION:
+        if msg.protocol_version != m.PROTOCOL_VERSION:
             REJECTED_MESSAGES.labels("wrong_version").inc()
-            self.server.send(peer, ErrorReport(
+            self.server.send(peer, m.ErrorReport(
                 code="wrong_version",
-                message=f"peer speaks protocol {msg.protocol_version}, controller {PROTOCOL_VERSION}: upgrade to match"))
+                message=f"peer speaks protocol {msg.protocol_version}, controller {m.PROTOCOL_VERSION}: upgrade to match"))
             return False
         self.peers[peer] = msg.kind
-        self.server.send(peer, Welcome(controller_id=self.controller_id,
+        self.server.send(peer, m.Welcome(controller_id=self.controller_id,
                                        heartbeat_interval_s=self.config.heartbeat_interval_s,
                                        stall_timeout_s=self.config.stall_timeout_s))
         return True
 
-    def may_send(self, peer: bytes, msg: ToController, observers: Callable[[bytes], bool]) -> bool:
+    def may_send(self, peer: bytes, msg: m.ToController, observers: Callable[[bytes], bool]) -> bool:
         """Handshake, role and ownership: an observer (a dashboard) may only acknowledge snapshots and say
         Goodbye; an executor speaks only for the executor id it registered on this connection."""
         if peer not in self.peers:
             REJECTED_MESSAGES.labels("no_handshake").inc()
             log.warning("rejected %s from %r: no handshake", type(msg).__name__, peer)
-            self.server.send(peer, ErrorReport(code="no_handshake", message="send Hello before anything else"))
+            self.server.send(peer, m.ErrorReport(code="no_handshake", message="send Hello before anything else"))
             return False
-        if isinstance(msg, Goodbye):
+        if isinstance(msg, m.Goodbye):
             rec = self.executors.get(msg.peer_id)
             return _allowed(rec is None or rec.peer == peer, "not_owner", peer, msg)
-        if isinstance(msg, StatusAck):
+        if isinstance(msg, m.StatusAck):
             return _allowed(observers(peer), "wrong_role", peer, msg)
         if self.peers.get(peer) != "executor":
             return _allowed(False, "wrong_role", peer, msg)
@@ -83,18 +72,18 @@ class ExecutorRegistry:
 
     # ---------------------------------------------------------------- executors
 
-    def register(self, peer: bytes, msg: Register, now: float) -> None:
+    def register(self, peer: bytes, msg: m.Register, now: float) -> None:
         rec = ExecutorRecord(peer=peer, info=msg, registered_at=now, last_seen=now, weight_version=msg.weight_version)
         self.executors[msg.executor_id] = rec
         self.scheduler.add_worker(now, msg.executor_id, msg.role, msg.rollout_capacity, msg.weight_version)
         log.info("executor %s registered (%s, %s)", msg.executor_id, msg.role, msg.device)
         self.update_gauge()
 
-    def heartbeat(self, peer: bytes, msg: Heartbeat, now: float) -> ExecutorRecord | None:
+    def heartbeat(self, peer: bytes, msg: m.Heartbeat, now: float) -> ExecutorRecord | None:
         """Note an executor's load (the scheduler sees it too); None when it is not registered (told so)."""
         rec = self.executors.get(msg.executor_id)
         if rec is None:
-            self.server.send(peer, ErrorReport(code="not_registered", message="register before sending heartbeats"))
+            self.server.send(peer, m.ErrorReport(code="not_registered", message="register before sending heartbeats"))
             return None
         load = msg.load
         rec.last_seen, rec.load, rec.state = now, load, load.state
@@ -114,7 +103,7 @@ class ExecutorRegistry:
                                kv_usage_ratio=load.serving_kv_usage_ratio, held=load.rollout_held,
                                warm_trajectories=warm_trajectories)
 
-    def goodbye(self, peer: bytes, msg: Goodbye, now: float) -> None:
+    def goodbye(self, peer: bytes, msg: m.Goodbye, now: float) -> None:
         self.peers.pop(peer, None)
         rec = self.executors.pop(msg.peer_id, None)
         if rec is not None:
@@ -133,7 +122,7 @@ class ExecutorRegistry:
         self.stats.reroutes += len(moved)
         self.stats.retired[executor_id] = reason
         metrics.TURNS_REROUTED.labels("retired").inc(len(moved))
-        self.server.send(rec.peer, Shutdown(reason=f"taken out of the job: {reason}"))
+        self.server.send(rec.peer, m.Shutdown(reason=f"taken out of the job: {reason}"))
         self.peers.pop(rec.peer, None)
         log.warning("executor %s taken out of the job (%s); %d turns re-routed; %d executors go on",
                     executor_id, reason, len(moved), len(self.executors))
@@ -153,7 +142,7 @@ class ExecutorRegistry:
             metrics.EXECUTORS.labels(rec.role, rec.state).inc()
 
 
-def _allowed(ok: bool, reason: str, peer: bytes, msg: ToController) -> bool:
+def _allowed(ok: bool, reason: str, peer: bytes, msg: m.ToController) -> bool:
     if not ok:
         REJECTED_MESSAGES.labels(reason).inc()
         log.warning("rejected %s from %r (%s)", type(msg).__name__, peer[:32], reason)

@@ -3,7 +3,7 @@
 Everything but the rollout is ``RLJob``'s: train, ship weights, checkpoints, reports. A step's rollout is the
 next ``rl.prompts_per_step`` complete groups of gateway sessions (``rl.group_size`` sessions closed by their
 rewards), oldest first; groups completed beyond that wait for the next step. Each call of a session is one
-turn, submitted on the controller thread (``Controller.on_tick``) with the step's version window. A
+turn, submitted on the controller's loop (the job's ``on_tick`` hook) with the step's version window. A
 synchronous job (``scheduler.staleness = 0``) holds new calls while it trains and ships, so every turn runs
 on the newest weights; an asynchronous one keeps routing them (window ``[T - staleness, T]``).
 Dynamic sampling drops groups without reward spread (they carry no gradient); nothing is refilled here: the
