@@ -127,7 +127,7 @@ class VllmEngine:
             engine.shutdown()
             raise
         if relay is not None:
-            relay.observer = observer
+            relay.attach(observer)
         return engine
 
     async def warm_up(self) -> float:
@@ -149,7 +149,7 @@ class VllmEngine:
         """Start forwarding vLLM's stats to ``observer`` (e.g. after start-up profiling)."""
         if self._relay is None:
             raise RoseError(f"the {self.spec.purpose} engine was started without stat logging; pass an observer")
-        self._relay.observer = observer
+        self._relay.attach(observer)
 
     def add_activity_listener(self, listener: ActivityListener) -> None:
         """Call ``listener()`` (on the event loop) whenever a request is added to this engine and, with stat

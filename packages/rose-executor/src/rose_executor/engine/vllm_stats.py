@@ -23,6 +23,10 @@ class StatsRelay:
         self.observer: EngineStatsObserver | None = None
         self.listeners: list[ActivityListener] = []
 
+    def attach(self, observer: EngineStatsObserver | None) -> None:
+        """Forward vLLM's stats to ``observer`` from now on (None: to nobody)."""
+        self.observer = observer
+
     def factory(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
         return _ObserverStatLogger(self, vllm_config, engine_index)
 

@@ -11,7 +11,7 @@ import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rose_core.app.config import GATEWAY_ENV, RunConfig
 from rose_core.app.controller.controller import Controller
@@ -27,6 +27,9 @@ from rose_core.app.weight_publisher import WeightPublisher
 from rose_core.protocol.messages import StepStatus
 from rose_core.support.errors import MissingExtraError, RoseError
 from rose_core.support.heap import freeze_startup_heap
+
+if TYPE_CHECKING:
+    from rose_core.app.gateway.http_server import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -123,31 +126,30 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
                else PolicyTrainer.from_config(models.policy, rl))
     args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
     options: dict[str, Any] = {"loop": launch.control_loop(), "on_progress": progress, "relays": launch.relays}
+    job: RLJob
     if rl.env == GATEWAY_ENV:
-        job: RLJob = GatewayJob(*args, policy_dir=models.policy, key=key, **options)
-        say(f"gateway {job.server.url} key-file {key_path}")  # type: ignore[attr-defined]
+        job = gateway = GatewayJob(*args, policy_dir=models.policy, key=key, **options)
+        say(f"gateway {gateway.server.url} key-file {key_path}")
         say(f"waiting for {rl.prompts_per_step} groups of {rl.group_size} sessions per step (docs/gateway.md)")
     else:
         job = RLJob(*args, **options)
     if isinstance(trainer, ExternalTrainer):
-        _open_trainer_api(job, trainer, publisher, key, config, say, intake_key=launch.secret)
-        say(f"trainer-api {job.trainer_api.url} key-file {key_path} intake {trainer.intake} "  # type: ignore[attr-defined]
-            f"ranks {trainer.ranks}")
+        api = _open_trainer_api(job, trainer, publisher, key, config, intake_key=launch.secret)
+        say(f"trainer-api {api.url} key-file {key_path} intake {trainer.intake} ranks {trainer.ranks}")
     return job
 
 
 def _open_trainer_api(job: RLJob, trainer: ExternalTrainer, publisher: WeightPublisher, key: str,
-                      config: RunConfig, say: Say, *, intake_key: bytes) -> None:
+                      config: RunConfig, *, intake_key: bytes) -> ApiServer:
     """The external trainer's doors: the shard intake it publishes through (its ranks sign with the secret,
     ``intake_key``, which executors do not hold), and the API it pulls batches from."""
-    from rose_core.app.gateway.http_server import ApiServer
     from rose_core.app.jobs.external_trainer import TRAINER_ROUTES
 
     trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer.timeout_s,
                                                  on_publish=trainer.published, key=intake_key)
     server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api").start()
-    job.trainer_api = server  # type: ignore[attr-defined]
     job.closers.append(server.close)
+    return server
 
 
 def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any]:
