@@ -11,11 +11,12 @@ import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rose_core.app.config import GATEWAY_ENV, RunConfig
 from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.executor_record import ExecutorRecord
+from rose_core.app.gateway.http_server import ApiServer
 from rose_core.app.jobs.external_trainer import ExternalTrainer
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_report import StepReport
@@ -27,9 +28,6 @@ from rose_core.app.weight_publisher import WeightPublisher
 from rose_core.protocol.messages import StepStatus
 from rose_core.support.errors import MissingExtraError, RoseError
 from rose_core.support.heap import freeze_startup_heap
-
-if TYPE_CHECKING:
-    from rose_core.app.gateway.http_server import ApiServer
 
 log = logging.getLogger(__name__)
 
