@@ -183,8 +183,8 @@ def test_a_worker_that_stopped_holding_keeps_its_turns() -> None:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random joins, stalls, aborts, results, revocations, re-lending, turn timeouts and held turns moved: nothing
-    lost, nothing accepted twice."""
+    """Random joins, stalls, aborts and failures, results, revocations, re-lending, turn timeouts and held turns
+    moved: nothing lost, nothing accepted twice, no turn back on a worker it failed on."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,6 +192,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.submitted: set[str] = set()
         self.accepted: list[str] = []
+        self.given_up: list[str] = []
         self.n = 0
         self.workers = 0
 
@@ -228,11 +229,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.accepted.append(tid)
 
     @precondition(lambda self: self.s.running > 0)
-    @rule(data=st.data())
-    def abort(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), reason=st.sampled_from(["memory", "engine_error: EngineDeadError", "invalid_result: shape"]))
+    def abort(self, data: st.DataObject, reason: str) -> None:
         tid = data.draw(st.sampled_from(sorted(self.s._running)))
         wid, tk = self.s._running[tid]
-        self.s.abort(self.now, wid, tid, tk.attempt, "memory")
+        self.s.abort(self.now, wid, tid, tk.attempt, reason)
+        self.given_up += [g.ticket.turn_id for g in self.s.take_given_up()]
 
     @precondition(lambda self: bool(self.s.workers))
     @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "lend_again", "overdue", "heartbeat", "held"]))
@@ -265,7 +267,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def nothing_lost_nothing_twice(self) -> None:
         queued = [t.turn_id for t in self.s.queue]
         running = list(self.s._running)
-        done = list(self.accepted)
+        done = self.accepted + self.given_up
         everything = queued + running + done
         assert len(everything) == len(set(everything)), "a turn is in two places"
         assert set(everything) == self.submitted, "a turn was lost"
@@ -276,6 +278,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             worker = self.s.workers.get(wid)
             assert worker is not None and worker.in_flight.get(tid) == tk.attempt
             assert worker.load <= worker.capacity
+            assert wid not in tk.failed_on, "a turn runs again on a worker it failed on"
+            assert len(tk.failed_on) <= self.s.config.turn_retries
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase
@@ -308,3 +312,44 @@ def test_queued_turns_take_the_dedicated_room_before_held_ones_move() -> None:
     s2 = _held_on_serving(held=2, dedicated_capacity=1)
     s2.submit(0.6, ticket("waiting", "y", now=0.6))
     assert s2.find_held(5.0, 1.0) == []
+
+
+def test_a_turn_that_fails_on_engines_never_goes_back_there_and_is_given_up_after_its_retries() -> None:
+    s = ElasticScheduler(SchedulerConfig(turn_retries=2))
+    for wid in ("d1", "d2", "d3", "d4"):
+        s.add_worker(0, wid, "dedicated", 4, 0)
+    s.submit(0, ticket("t"))
+    tried, given_up = [], []
+    for attempt in range(3):
+        (a,) = s.schedule(attempt + 1.0)
+        assert a.worker_id not in tried and a.ticket.attempt == attempt
+        tried.append(a.worker_id)
+        assert s.abort(attempt + 1.5, a.worker_id, "t", attempt, "engine_error: EngineDeadError")
+        given_up.append([g.ticket.turn_id for g in s.take_given_up()])
+    assert given_up == [[], [], ["t"]]
+    assert s.schedule(10) == [] and s.running == 0 and not s.queue  # three failures: given up, nothing runs it
+    assert s.is_done("t") and s.counters["given_up"] == 1
+    assert s.complete(11, tried[-1], "t", 2) == "duplicate"
+
+
+def test_a_turn_that_failed_on_every_worker_is_given_up_at_once() -> None:
+    s = ElasticScheduler(SchedulerConfig(turn_retries=5))
+    s.add_worker(0, "d1", "dedicated", 4, 0)
+    s.submit(0, ticket("t", "x"))
+    (placed,) = s.schedule(1)
+    assert placed.worker_id == "d1"
+    s.abort(2, "d1", "t", 0, "invalid_result: logprobs")
+    (gone,) = s.take_given_up()
+    assert (gone.ticket.turn_id, gone.ticket.failed_on, gone.reason) == ("t", ("d1",), "invalid_result: logprobs")
+    assert s.take_given_up() == []  # once each
+
+
+def test_a_turn_given_back_for_lack_of_room_is_not_a_failure() -> None:
+    s = ElasticScheduler(SchedulerConfig(turn_retries=0))
+    s.add_worker(0, "d1", "dedicated", 4, 0)
+    s.submit(0, ticket("t"))
+    for attempt, now in enumerate((1.0, 4.0, 7.0)):
+        (a,) = s.schedule(now)
+        assert (a.worker_id, a.ticket.attempt) == ("d1", attempt)
+        s.abort(now + 0.5, "d1", "t", attempt, "memory")  # back after AVOID_S, as often as it takes
+    assert s.take_given_up() == [] and s.queue

@@ -45,6 +45,8 @@ class Responder:
         self.stop = False
         self.answered = 0
         self.prompts: list[list[int]] = []
+        self.give_up: set[str] = set()
+        """Sessions whose next turn the controller gives up (it failed on every executor)."""
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -52,6 +54,10 @@ class Responder:
             self.wake.wait(0.05)
             self.wake.clear()
             for turn in self.bridge.take():
+                if turn.session_id in self.give_up:
+                    self.give_up.discard(turn.session_id)
+                    self.bridge.fail(turn.turn_id, "engine_error: EngineDeadError")
+                    continue
                 self.prompts.append(list(turn.prompt_token_ids))
                 text = REPLIES[self.answered % len(REPLIES)]
                 ids = [*self.codec.encode(text), self.codec.eos_id][: turn.sampling.max_tokens]
@@ -148,6 +154,17 @@ def test_chat_returns_token_ids_logprobs_and_the_weight_version(live: Live) -> N
     assert [t.logprob for t in choice.logprobs.content] == [-0.25] * len(ids)
     assert reply.model_extra["rose_weight_version"] == 0 and reply.usage.completion_tokens == len(ids)
     assert client.models.list().data[0].id == "policy"
+
+
+def test_a_call_whose_turn_was_given_up_gets_a_502_and_the_session_goes_on(live: Live) -> None:
+    session = live.session("given-up")
+    client = live.client(session)
+    live.responder.give_up.add(session["session_id"])
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "go"}])
+    assert failed.value.status_code == 502 and "scheduler.turn_retries" in failed.value.message
+    again = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "go"}])
+    assert again.choices[0].message.content in REPLIES
 
 
 def test_streaming_chat_and_completions_carry_the_same_reply(live: Live) -> None:

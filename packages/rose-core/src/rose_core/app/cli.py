@@ -203,6 +203,9 @@ def _print_summary(data: dict[str, Any], report_path: str | None, sync_line: str
         f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
         f"TPOT<={data['slo_tpot_ms']:.0f}ms)"
     )
+    if data["failed_trajectories"] or data["refused_results"]:
+        click.echo(f"failed_trajectories={data['failed_trajectories']} (a turn failed past scheduler.turn_retries)  "
+                   f"refused_results={data['refused_results']}")
     if sync_line:
         click.echo(sync_line)
     if data["error"]:

@@ -60,6 +60,10 @@ class ServingSection(ConfigSection):
         _require_memory_fraction(memory_fraction=self.memory_fraction)
 
 
+MAX_ROLLOUT_CAPACITY = 4096
+"""The most rollout turns one executor may ask to run at once (a controller refuses a registration above it)."""
+
+
 class RolloutSection(ConfigSection):
     """The RL policy's engine (both roles)."""
 
@@ -79,6 +83,8 @@ class RolloutSection(ConfigSection):
         if not self.model_dir:
             raise ValueError("`model_dir` must name the policy model directory")
         require_positive(capacity=self.capacity)
+        if self.capacity > MAX_ROLLOUT_CAPACITY:
+            raise ValueError(f"`capacity` {self.capacity} is over {MAX_ROLLOUT_CAPACITY} turns: lower it")
         require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
         _require_memory_fraction(memory_fraction=self.memory_fraction)
 

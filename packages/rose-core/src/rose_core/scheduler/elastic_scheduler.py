@@ -29,52 +29,39 @@ room, instead of holding its turns for the guard's latency window.
 Turn timeout (``find_overdue``): a turn assigned longer than the bound to a worker that still heartbeats
 (held by its guard, or stuck) is re-routed and cancelled there, like the turns of a stalled worker.
 
+Failed turns: a turn given back as failed on its worker (``engine_error``, or ``invalid_result``: a result the
+controller refused) is never offered to that worker again and is tried at most ``turn_retries`` more times;
+then, or once it has failed on every worker there is, it is given up (``take_given_up``) and the job drops its
+trajectory. A turn that kills engines cannot walk from one lent host to the next.
+
 Workers are changed only through this class (it keeps a load index of them for the least-loaded pick).
 
 Invariants (property-tested): every submitted turn is exactly one of queued, running on one worker, or
-done; a result is accepted once, only from the worker and attempt it was last assigned to; results of
-re-routed attempts are discarded and counted.
+done (a given-up turn is done); a result is accepted once, only from the worker and attempt it was last
+assigned to; results of re-routed attempts are discarded and counted; a turn never runs again on a worker it
+failed on.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
+from rose_core.scheduler.decisions import Assignment, Cancellation, GivenUp, Verdict
 from rose_core.scheduler.load_index import LoadIndex
 from rose_core.scheduler.scheduler_config import SchedulerConfig
 from rose_core.scheduler.turn_queue import TurnQueue
 from rose_core.scheduler.turn_ticket import TurnTicket
 from rose_core.scheduler.worker_state import Pool, WorkerState
 
-Verdict = Literal["accepted", "late", "duplicate", "unknown"]
 _STILL_RUNNING = frozenset({"stalled", "revoked", "overdue"})
+"""Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
 _NO_ROOM = frozenset({"memory", "capacity"})
 """Abort reasons that say the worker had no room for this turn: it avoids that worker for ``AVOID_S``."""
+_FAILED = frozenset({"engine_error", "invalid_result"})
+"""Abort reasons that say the turn failed on that worker: counted against ``turn_retries``; never sent there again."""
 AVOID_S = 2.0
 """How long a turn refused for lack of room keeps off the worker that refused it (about a heartbeat)."""
-"""Evacuation reasons after which the old worker may still be running the turns (it is not gone)."""
-
-
-@dataclass(slots=True, frozen=True)
-class Assignment:
-    ticket: TurnTicket
-    worker_id: str
-    reason: str
-    """affinity | dedicated | borrowed | long_tail"""
-    detail: str = ""
-    """Why a long-tail move overrode affinity (``prefix cold on W`` / ``W holds turns, dedicated idle``)."""
-
-
-@dataclass(slots=True, frozen=True)
-class Cancellation:
-    """A turn re-routed away from a worker that may still run it: tell ``worker_id`` to stop that attempt."""
-
-    worker_id: str
-    turn_id: str
-    attempt: int
 
 
 class ElasticScheduler:
@@ -89,6 +76,7 @@ class ElasticScheduler:
         self.counters: Counter[str] = Counter()
         self._index = LoadIndex()
         self._cancellations: list[Cancellation] = []
+        self._given_up: list[GivenUp] = []
 
     # ---------------------------------------------------------------- workers
 
@@ -112,13 +100,6 @@ class ElasticScheduler:
             self.workers[wid].borrowed = True
             self._index.refile(self.workers[wid])
         return chosen
-
-    def release_borrowed(self, now: float) -> list[str]:
-        """End of job: give every borrowed serving worker back (their running turns are re-routed)."""
-        released = [w.worker_id for w in self.workers.values() if w.pool == "serving" and w.borrowed]
-        for wid in released:
-            self.revoke(now, wid)
-        return released
 
     def revoke(self, now: float, worker_id: str) -> list[TurnTicket]:
         """The serving owner takes a borrowed worker back: stop routing to it (for the rest of the job),
@@ -253,10 +234,10 @@ class ElasticScheduler:
 
         def place(ticket: TurnTicket) -> bool:
             window = (ticket.min_version, ticket.max_version)
-            avoid = ticket.avoid if now < ticket.avoid_until else ""
-            found = self._pick(ticket, avoid, skip_pools=window in refused)
+            excluded = ticket.failed_on + ((ticket.avoid,) if now < ticket.avoid_until else ())
+            found = self._pick(ticket, excluded, skip_pools=window in refused)
             if found is None:
-                if not avoid:  # an avoided worker says nothing about other turns of this window
+                if not excluded:  # a worker kept off this turn says nothing about other turns of this window
                     refused.add(window)
                 return False
             ticket.avoid = ""
@@ -284,12 +265,9 @@ class ElasticScheduler:
         if running is None or running[0] != worker_id or running[1].attempt != attempt:
             self.counters["late_results"] += 1
             return "late" if running is not None or self._known_queued(turn_id) else "unknown"
-        del self._running[turn_id]
-        self._assigned_at.pop(turn_id, None)
+        worker, _ = self._unassign(turn_id)
         self._done.add(turn_id)
-        worker = self.workers.get(worker_id)
         if worker is not None:
-            worker.in_flight.pop(turn_id, None)
             worker.turns_done += 1
             worker.warm.add(running[1].trajectory_id)  # its prefix is in that worker's cache now
             self._index.refile(worker)
@@ -303,10 +281,24 @@ class ElasticScheduler:
         if running is None or running[0] != worker_id or running[1].attempt != attempt:
             self.counters["stale_aborts"] += 1
             return False
-        ticket = self._requeue(turn_id, f"aborted_{reason.split(':', maxsplit=1)[0]}")
+        kind, ticket = reason.split(":", maxsplit=1)[0], running[1]
+        if kind in _FAILED:
+            ticket.failed_on += (worker_id,)
+            if len(ticket.failed_on) > self.config.turn_retries or self.workers.keys() <= set(ticket.failed_on):
+                self._unassign(turn_id)
+                self._done.add(turn_id)
+                self._given_up.append(GivenUp(ticket, reason))
+                self.counters["given_up"] += 1
+                return True
+        self._requeue(turn_id, f"aborted_{kind}")
         if reason in _NO_ROOM:  # do not send it straight back (its warm affinity points there)
             ticket.avoid, ticket.avoid_until = worker_id, now + AVOID_S
         return True
+
+    def take_given_up(self) -> list[GivenUp]:
+        """The turns given up since the last call (their jobs drop their trajectories), once each."""
+        taken, self._given_up = self._given_up, []
+        return taken
 
     def finish_trajectory(self, trajectory_id: str) -> None:
         """Forget a finished trajectory's affinity."""
@@ -324,36 +316,38 @@ class ElasticScheduler:
         running = self._running.get(turn_id)
         return running[0] if running else None
 
+    def is_done(self, turn_id: str) -> bool:
+        """Its result was accepted, or it was given up."""
+        return turn_id in self._done
+
     def running_ticket(self, turn_id: str) -> TurnTicket | None:
         running = self._running.get(turn_id)
         return running[1] if running else None
 
-    def is_done(self, turn_id: str) -> bool:
-        return turn_id in self._done
-
     # ---------------------------------------------------------------- internals
 
-    def _pick(self, ticket: TurnTicket, avoid: str = "", skip_pools: bool = False) -> tuple[WorkerState, str, str] | None:
-        """``avoid``: a worker that just refused the turn for lack of room. ``skip_pools``: the pools are known to
-        hold no worker for this window; only affinity can place."""
+    def _pick(self, ticket: TurnTicket, excluded: tuple[str, ...] = (), skip_pools: bool = False
+              ) -> tuple[WorkerState, str, str] | None:
+        """``excluded``: workers the turn failed on, and one that just refused it for lack of room (the turn
+        waits for another worker rather than go back). ``skip_pools``: the pools are known to hold no worker for
+        this window; only affinity can place."""
         lo, hi = ticket.min_version, ticket.max_version
         affine = self.workers.get(self._affinity.get(ticket.trajectory_id, ""))
-        if affine is not None and affine.worker_id != avoid and self._fits(affine, ticket):
-            moved = None if skip_pools or affine.pool != "serving" else self._long_tail(affine, ticket)
+        if affine is not None and affine.worker_id not in excluded and self._fits(affine, ticket):
+            moved = None if skip_pools or affine.pool != "serving" else self._long_tail(affine, ticket, excluded)
             return moved if moved is not None else (affine, "affinity", "")
         if skip_pools:
             return None
-        dedicated = self._index.least_loaded("dedicated", lo, hi)
-        if dedicated is not None and dedicated.worker_id != avoid:
+        dedicated = self._index.least_loaded("dedicated", lo, hi, excluded)
+        if dedicated is not None:
             return dedicated, "dedicated", ""
-        borrowed = self._index.least_loaded("serving", lo, hi)
-        if borrowed is None or borrowed.worker_id == avoid:
-            return None  # wait for another worker rather than go back to the one without room
-        return borrowed, "borrowed", ""
+        borrowed = self._index.least_loaded("serving", lo, hi, excluded)
+        return None if borrowed is None else (borrowed, "borrowed", "")
 
-    def _long_tail(self, affine: WorkerState, ticket: TurnTicket) -> tuple[WorkerState, str, str] | None:
+    def _long_tail(self, affine: WorkerState, ticket: TurnTicket, excluded: tuple[str, ...]
+                   ) -> tuple[WorkerState, str, str] | None:
         """Override affinity to a borrowed worker (see the module docstring), or None to keep it."""
-        back = self._index.least_loaded("dedicated", ticket.min_version, ticket.max_version)
+        back = self._index.least_loaded("dedicated", ticket.min_version, ticket.max_version, excluded)
         if back is None:
             return None
         if ticket.trajectory_id not in affine.warm:
@@ -380,13 +374,18 @@ class ElasticScheduler:
                 del self._affinity[trajectory]
         return moved
 
-    def _requeue(self, turn_id: str, counter: str) -> TurnTicket:
+    def _unassign(self, turn_id: str) -> tuple[WorkerState | None, TurnTicket]:
+        """Take a running turn off its worker (still registered: returned, re-filed)."""
         worker_id, ticket = self._running.pop(turn_id)
         self._assigned_at.pop(turn_id, None)
         worker = self.workers.get(worker_id)
         if worker is not None:
             worker.in_flight.pop(turn_id, None)
             self._index.refile(worker)
+        return worker, ticket
+
+    def _requeue(self, turn_id: str, counter: str) -> TurnTicket:
+        _, ticket = self._unassign(turn_id)
         ticket.attempt += 1
         self.queue.push(ticket)
         self.counters[counter] += 1

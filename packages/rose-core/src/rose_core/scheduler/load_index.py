@@ -10,6 +10,8 @@ O(versions x capacity), independent of the number of workers.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from rose_core.scheduler.worker_state import Pool, WorkerState
 
 
@@ -48,7 +50,9 @@ class LoadIndex:
             del self._count[(pool, version)]
             del self._pools[pool][version]
 
-    def least_loaded(self, pool: Pool, min_version: int, max_version: int) -> WorkerState | None:
+    def least_loaded(self, pool: Pool, min_version: int, max_version: int, excluded: Collection[str] = ()
+                     ) -> WorkerState | None:
+        """The least-loaded worker of ``pool`` holding a version in the window, other than ``excluded``."""
         best: WorkerState | None = None
         for version, buckets in self._pools[pool].items():
             if not min_version <= version <= max_version:
@@ -56,7 +60,8 @@ class LoadIndex:
             for load, bucket in enumerate(buckets):
                 if best is not None and load >= best.load:
                     break
-                if bucket:
-                    best = next(iter(bucket.values()))
+                found = next((w for w in bucket.values() if w.worker_id not in excluded), None)
+                if found is not None:
+                    best = found
                     break
         return best

@@ -20,7 +20,13 @@ class SchedulerConfig(ConfigSection):
     gives those turns to dedicated executors with room: re-routed and cancelled there (``held``). 0: never;
     they wait for serving's slack (up to the guard's latency window)."""
 
+    turn_retries: int = 2
+    """A turn that failed on an executor (an engine error, or a result the controller refused) is tried again at
+    most this many times, each time on an executor it has not failed on; then its trajectory is dropped and
+    counted (``failed_trajectories``)."""
+
     def __post_init__(self) -> None:
         require_positive(max_concurrency_per_worker=self.max_concurrency_per_worker, queue_scan_limit=self.queue_scan_limit)
         require_non_negative(borrow_after_s=self.borrow_after_s, move_held_after_s=self.move_held_after_s)
-        require_non_negative(staleness=self.staleness, max_borrowed_workers=self.max_borrowed_workers)
+        require_non_negative(staleness=self.staleness, max_borrowed_workers=self.max_borrowed_workers,
+                             turn_retries=self.turn_retries)

@@ -21,3 +21,5 @@ class TurnTicket:
     ``avoid_until`` (warm affinity would send it straight back; after that it may be tried again, so a turn
     with a single possible worker is delayed, never starved)."""
     avoid_until: float = 0.0
+    failed_on: tuple[str, ...] = ()
+    """Workers this turn failed on (an engine error, a refused result), in order: never offered it again."""

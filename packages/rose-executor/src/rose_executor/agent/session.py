@@ -42,11 +42,11 @@ REJOIN_CODES = ("no_handshake", "not_registered")
 
 
 class ControllerSession:
-    """``state()``: the executor's state for its heartbeats; ``stop(reason)``: what the controller's
-    ``Shutdown`` asks of the agent."""
+    """``state()``: the executor's state for its heartbeats; ``stop(reason, exit_code)``: what the controller's
+    ``Shutdown`` (or its refusal of the registration) asks of the agent."""
 
     def __init__(self, link: ControllerLink, executor_id: str, controller: str, welcome_timeout_s: float,
-                 state: Callable[[], str], stop: Callable[[str], None]) -> None:
+                 state: Callable[[], str], stop: Callable[[str, int], None]) -> None:
         self.link = link
         self.executor_id = executor_id
         self.controller = controller
@@ -135,7 +135,7 @@ class ControllerSession:
                 if host.co_serving is not None:
                     host.co_serving.on_step(msg.step)
             case Shutdown():
-                self.stop(f"the controller asked ({msg.reason or 'no reason given'})")
+                self.stop(f"the controller asked ({msg.reason or 'no reason given'})", 0)
             case ErrorReport():
                 self._on_error_report(msg)
             case Welcome():
@@ -150,8 +150,12 @@ class ControllerSession:
     def _on_error_report(self, msg: ErrorReport) -> None:
         log.warning("controller reports %s%s: %s", msg.code, " (unsigned)" if is_unsigned_notice(msg) else "",
                     msg.message)
-        if msg.code in REJOIN_CODES and not is_unsigned_notice(msg):  # shown, never acted on
+        if is_unsigned_notice(msg):  # shown, never acted on
+            return
+        if msg.code in REJOIN_CODES:
             self._rejoin(msg.code)
+        elif msg.code == "bad_registration":
+            self.stop(f"the controller refused this executor's registration: {msg.message}", 2)
 
     def _rejoin(self, why: str) -> None:
         """The controller does not know this executor (it restarted): say Hello again; Register on its Welcome."""

@@ -10,7 +10,7 @@ tick with the wall clock. The rooms:
 - ``StatusStream`` (``status_stream``): snapshots to dashboards;
 - ``WeightRound`` (``weight_round``): a version on its way to every executor.
 
-The attached job (``JobHooks``) gets accepted results and a hook at the start of every tick; what the job
+The attached job (``JobHooks``) gets accepted results, turns given up, and a hook at the start of every tick; what the job
 waits for is a ``Future`` the controller resolves on its loop (``announce_weights``, ``registered``,
 ``all_gone``). All decisions are the pure scheduler's; this class turns them into messages and messages into
 observations.
@@ -111,6 +111,8 @@ class Controller:
         self.job = job
 
     def tick(self, now: float) -> None:
+        for given_up in self.dispatch.take_given_up():
+            self.job.on_given_up(given_up)
         self.job.on_tick(now)
         self.dispatch.tick(now)
         self.borrowing.tick(now)

@@ -11,6 +11,11 @@ STATUS_SKIPPED = Counter(
     "rose_status_skipped_total",
     "Status snapshots not sent to an observer that still held STATUS_CREDIT unacknowledged ones (it gets a newer one).",
 )
+REFUSED_RESULTS = Counter("rose_refused_results_total",
+                          "Turn results refused (wrong shape, non-finite logprobs, outside the version window...).",
+                          ["reason"])
+TURNS_GIVEN_UP = Counter("rose_turns_given_up_total",
+                         "Turns that failed on executors more often than scheduler.turn_retries allows.")
 LATE_RESULTS = Counter("rose_late_results_total", "Results of re-routed or finished turns, discarded.")
 EXECUTORS = Gauge("rose_executors", "Registered executors, by role and state.", ["role", "state"])
 QUEUED_TURNS = Gauge("rose_turns_queued", "Turns waiting for a worker.")

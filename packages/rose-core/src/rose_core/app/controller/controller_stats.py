@@ -1,4 +1,5 @@
-"""What the controller counts over a job: turns by pool, re-routes and why, late results, retired executors."""
+"""What the controller counts over a job: turns by pool, re-routes and why, late and refused results, turns
+given up, retired executors."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ class ControllerStats:
     turns_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prompt_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
     prefix_hit_tokens_by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
+    refused_results: dict[str, int] = field(default_factory=dict)
+    """Results refused by ``result_check``, by reason."""
+    turns_given_up: int = 0
+    """Turns that failed on executors more often than ``scheduler.turn_retries`` allows (trajectories dropped)."""
     retired: dict[str, str] = field(default_factory=dict)
     """Executors taken out of the job, and why."""
 

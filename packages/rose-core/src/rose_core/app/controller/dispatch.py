@@ -4,6 +4,8 @@ Submitted turns go to the elastic scheduler; every control tick re-routes what s
 ``turn_timeout_s`` or is held back on a borrowed serving executor, sends the cancellations those re-routes
 leave, and sends what the scheduler routes now. Results and aborts come back as the scheduler's verdicts: a
 result is accepted once (the latest attempt, from the executor running it); everything else is counted late.
+A result that fails the checks of ``result_check`` is refused: its turn failed on that executor (the scheduler
+tries it elsewhere, a bounded number of times); turns given up reach the job through ``take_given_up``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from rose_core.app.controller import controller_metrics as metrics
 from rose_core.app.controller.controller_stats import ControllerStats
 from rose_core.app.controller.job_hooks import AcceptedTurn, TurnPayload
 from rose_core.app.controller.registry import ExecutorRegistry
+from rose_core.app.controller.result_check import result_problem
 from rose_core.protocol.messages import CancelTurn, TurnAborted, TurnRequest, TurnResult
-from rose_core.scheduler import ElasticScheduler, TurnTicket
+from rose_core.scheduler import ElasticScheduler, GivenUp, TurnTicket
 from rose_core.transport.control_endpoint import ServerEndpoint
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,12 @@ class TurnDispatch:
                      "and cancelled on %s", ticket.turn_id, worker_id, after, worker_id)
 
     def on_result(self, now: float, msg: TurnResult) -> AcceptedTurn | None:
-        """The turn's accepted result, or None (a late or duplicate one: counted and discarded)."""
+        """The turn's accepted result, or None (a late, duplicate or refused one: counted and discarded)."""
         ticket = self.scheduler.running_ticket(msg.turn_id)
+        reason, detail = result_problem(msg, ticket) if ticket is not None else ("", "")
+        if reason:
+            self._refuse(now, msg, reason, detail)
+            return None
         verdict = self.scheduler.complete(now, msg.executor_id, msg.turn_id, msg.attempt)
         if verdict != "accepted" or ticket is None:
             self.stats.late_results += 1
@@ -90,8 +97,28 @@ class TurnDispatch:
         metrics.TURNS_COMPLETED.labels(role).inc()
         return AcceptedTurn(msg, ticket, role)
 
+    def _refuse(self, now: float, msg: TurnResult, reason: str, detail: str) -> None:
+        self.stats.refused_results[reason] = self.stats.refused_results.get(reason, 0) + 1
+        metrics.REFUSED_RESULTS.labels(reason).inc()
+        if sum(self.stats.refused_results.values()) <= 20:  # then the metric says how many (a broken peer is loud)
+            log.warning("refused the result of turn %s attempt %d from %s (%s: %s)", msg.turn_id, msg.attempt,
+                        msg.executor_id, reason, detail)
+        self.scheduler.abort(now, msg.executor_id, msg.turn_id, msg.attempt, f"invalid_result: {reason}")
+
+    def take_given_up(self) -> list[GivenUp]:
+        """Turns that failed on executors more often than ``scheduler.turn_retries`` allows (or on every one):
+        counted; their jobs drop their trajectories."""
+        given_up = self.scheduler.take_given_up()
+        for gone in given_up:
+            self.stats.turns_given_up += 1
+            metrics.TURNS_GIVEN_UP.inc()
+            log.warning("turn %s failed on %s (last: %s): given up, its trajectory is dropped",
+                        gone.ticket.turn_id, ", ".join(gone.ticket.failed_on), gone.reason)
+        return given_up
+
     def on_aborted(self, now: float, msg: TurnAborted) -> None:
-        if self.scheduler.abort(now, msg.executor_id, msg.turn_id, msg.attempt, msg.reason):
+        if self.scheduler.abort(now, msg.executor_id, msg.turn_id, msg.attempt, msg.reason) and \
+                not self.scheduler.is_done(msg.turn_id):  # (done: given up, see take_given_up)
             self.stats.reroutes += 1
             metrics.TURNS_REROUTED.labels(msg.reason.split(":")[0]).inc()
             log.info("turn %s aborted on %s (%s); re-routed", msg.turn_id, msg.executor_id, msg.reason)

@@ -1,4 +1,4 @@
-"""How a job plugs into the controller's loop (``ControlLoop``): three hooks the loop calls on its thread.
+"""How a job plugs into the controller's loop (``ControlLoop``): four hooks the loop calls on its thread.
 
 A hook returns at once: it records, submits turns, resolves the job's futures; it never waits (a wait inside
 a hook raises ``NestedWait``). The RL job with built-in environments, the gateway job and a job whose trainer
@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from rose_core.protocol.messages import SamplingParams, StepStatus, TurnResult
-from rose_core.scheduler import TurnTicket
+from rose_core.scheduler import GivenUp, TurnTicket
 
 
 @dataclass(slots=True)
@@ -47,6 +47,10 @@ class JobHooks(Protocol):
     def on_result(self, accepted: AcceptedTurn) -> None:
         """A turn's accepted result."""
 
+    def on_given_up(self, given_up: GivenUp) -> None:
+        """A turn that failed on executors more often than ``scheduler.turn_retries`` allows: nothing will run
+        it (drop its trajectory, fail the call waiting for it)."""
+
     def on_tick(self, now: float) -> None:
         """Every control tick, first (before routing): local work such as agents' calls to submit."""
 
@@ -58,6 +62,9 @@ class NoJob:
     """The controller before a job attaches: results are dropped (nothing asked for them), nothing to show."""
 
     def on_result(self, accepted: AcceptedTurn) -> None:
+        return None
+
+    def on_given_up(self, given_up: GivenUp) -> None:
         return None
 
     def on_tick(self, now: float) -> None:

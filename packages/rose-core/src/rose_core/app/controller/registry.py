@@ -4,7 +4,8 @@ registrations, heartbeats and goodbyes, and the role and ownership every later m
 An executor's record is the controller's view of it (its load from the last heartbeat, the versions it
 applied); the scheduler learns of every executor that joins, reports or leaves here. A peer that did not
 say Hello, or speaks for another executor than the one it registered on its connection, or as a role it does
-not have, is rejected and counted (``rose_rejected_messages_total{reason}``).
+not have, is rejected and counted (``rose_rejected_messages_total{reason}``); so is a registration that fails
+``result_check.registration_problem`` (the executor is told why).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rose_core.app.config import ControllerConfig
 from rose_core.app.controller import controller_metrics as metrics
 from rose_core.app.controller.controller_stats import ControllerStats
 from rose_core.app.controller.executor_record import ExecutorRecord
+from rose_core.app.controller.result_check import registration_problem
 from rose_core.protocol import messages as m
 from rose_core.scheduler import ElasticScheduler
 from rose_core.support.metrics import REJECTED_MESSAGES
@@ -73,6 +75,12 @@ class ExecutorRegistry:
     # ---------------------------------------------------------------- executors
 
     def register(self, peer: bytes, msg: m.Register, now: float) -> None:
+        problem = registration_problem(msg)
+        if problem:
+            REJECTED_MESSAGES.labels("bad_registration").inc()
+            log.warning("refused the registration of %r from %r: %s", msg.executor_id[:64], peer[:32], problem)
+            self.server.send(peer, m.ErrorReport(code="bad_registration", message=problem))
+            return
         rec = ExecutorRecord(peer=peer, info=msg, registered_at=now, last_seen=now, weight_version=msg.weight_version)
         self.executors[msg.executor_id] = rec
         self.scheduler.add_worker(now, msg.executor_id, msg.role, msg.rollout_capacity, msg.weight_version)

@@ -31,7 +31,7 @@ from rose_core.app.gateway.openai_api import (
 )
 from rose_core.app.gateway.session_history import SessionHistory
 from rose_core.app.gateway.session_table import SessionTable
-from rose_core.app.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnOutcome
+from rose_core.app.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnFailed, TurnOutcome
 from rose_core.app.rl.algorithm.trajectory import Turn
 from rose_core.app.rl.environments.codec import TextCodec
 from rose_core.protocol.messages import SamplingParams
@@ -180,6 +180,9 @@ class Gateway:
             return future.result(timeout=self.limits.turn_timeout_s)
         except BridgeClosed as exc:
             raise GatewayError(503, "the RL job is stopping: no more turns are run", kind="unavailable") from exc
+        except TurnFailed as exc:
+            raise GatewayError(502, f"the turn failed on the job's executors ({exc}) and was given up "
+                                    "(scheduler.turn_retries): retry the call", kind="upstream_error") from exc
         except FutureTimeout as exc:
             future.cancel()
             raise GatewayError(504, f"the turn did not finish within {self.limits.turn_timeout_s:.0f} s "

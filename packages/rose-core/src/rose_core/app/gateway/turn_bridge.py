@@ -38,6 +38,11 @@ class BridgeClosed(Exception):
     """The job is stopping: the turn was not run (or its result will not come)."""
 
 
+class TurnFailed(Exception):
+    """The controller gave the turn up: it failed on executors more often than ``scheduler.turn_retries``
+    allows."""
+
+
 class TurnBridge:
     def __init__(self, wake: Callable[[], None] = lambda: None) -> None:
         self._wake = wake
@@ -79,6 +84,12 @@ class TurnBridge:
             return False
         turn.future.set_result(outcome)
         return True
+
+    def fail(self, turn_id: str, reason: str) -> None:
+        """The controller thread: the turn was given up; its caller gets ``TurnFailed``."""
+        turn = self._running.pop(turn_id, None)
+        if turn is not None and not turn.future.done():
+            turn.future.set_exception(TurnFailed(reason))
 
     def close(self) -> None:
         with self._lock:

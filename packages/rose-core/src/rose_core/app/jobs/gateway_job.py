@@ -31,7 +31,7 @@ from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_rollout import StepRollout
 from rose_core.protocol.messages import StepStarted
-from rose_core.scheduler import TurnTicket
+from rose_core.scheduler import GivenUp, TurnTicket
 from rose_core.support.errors import RoseError
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class GatewayJob(RLJob):
     def on_result(self, accepted: AcceptedTurn) -> None:
         if self.bridge.resolve(TurnOutcome(accepted.result, accepted.role)) and self._rollout is not None:
             self._rollout.count(accepted)
+
+    def on_given_up(self, given_up: GivenUp) -> None:
+        """The agent's call gets a 502; its session goes on (the agent may retry the call)."""
+        self.bridge.fail(given_up.ticket.turn_id, given_up.reason)
 
     def on_tick(self, now: float) -> None:
         """Submit the calls waiting, then take the groups the step still needs (the step's script waits for

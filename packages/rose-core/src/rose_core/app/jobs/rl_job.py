@@ -6,7 +6,9 @@ version applied everywhere. Hooks never wait; the script never handles a message
 
 Version semantics: the generated model is version 0; step ``s`` trains on top of version ``s - 1`` and
 publishes version ``s``. Every turn carries the window of versions it may run on, ``[T - staleness, T]`` with
-``T`` the version its step trains on top of; a result outside it is counted in ``version_mismatches``.
+``T`` the version its step trains on top of; a result outside it is refused by the controller (never trained
+on) and counted in ``version_mismatches``. A turn the controller gives up (it failed on executors more often
+than ``scheduler.turn_retries`` allows) drops its trajectory from the step: ``failed_trajectories``.
 
 Synchronous (``scheduler.staleness = 0``): rollout on ``s - 1`` -> train -> ship ``s``. Asynchronous
 (``staleness >= 1``): once step ``s``'s rollout is done, step ``s + 1``'s starts at once (on ``s - 1``, window
@@ -49,7 +51,7 @@ from rose_core.app.rl.environments.episode import Episode
 from rose_core.app.rl.environments.registry import load_environment
 from rose_core.app.weight_publisher import WeightPublisher, WeightRelay
 from rose_core.protocol.messages import SamplingParams, StepStarted, StepStatus, WeightAnnounce
-from rose_core.scheduler import TurnTicket
+from rose_core.scheduler import GivenUp, TurnTicket
 from rose_core.support.errors import RoseError
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,16 @@ class RLJob:
         else:
             self._submit_turn(rollout, res.trajectory_id)
 
+    def on_given_up(self, given_up: GivenUp) -> None:
+        """A turn nothing will run: its trajectory is dropped from the step (counted in ``failed_trajectories``)."""
+        rollout, tid = self._rollout, given_up.ticket.trajectory_id
+        if rollout is None or tid not in rollout.open:
+            return
+        rollout.open.discard(tid)
+        rollout.failed += 1
+        self.controller.finish_trajectory(tid)
+        rollout.check_complete(not rollout.open)
+
     def on_tick(self, now: float) -> None:
         rollout = self._rolling_out
         if rollout is not None and time.monotonic() - self._last_progress > PROGRESS_S:
@@ -146,6 +158,7 @@ class RLJob:
         started = time.monotonic()
         stats = self.controller.stats
         moved_before = (stats.reroutes, stats.overdue, stats.held_moved)
+        refused_before = dict(stats.refused_results)
         self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
         self.controller.open_borrowing()
         rollout, self._next = self._next or self._start_rollout(step), None
@@ -169,6 +182,8 @@ class RLJob:
         report.turns_rerouted, report.turns_overdue, report.turns_held_moved = (
             now - before for now, before in zip((stats.reroutes, stats.overdue, stats.held_moved), moved_before, strict=True)
         )
+        refused = {k: n - refused_before.get(k, 0) for k, n in stats.refused_results.items()}
+        report.refused_results, report.version_mismatches = sum(refused.values()), refused.get("version", 0)
         report.train = train_figures(train_stats)
         report.train_loss = float(report.train.get("loss") or 0.0)
         report.max_staleness = max((self.version - 1 - t.weight_version for tr in trained for t in tr.turns), default=0)
@@ -378,7 +393,7 @@ class RLJob:
             serving_ttft_p99_ms=window.ttft_p99_ms if window else 0.0,
             serving_tpot_p99_ms=window.tpot_p99_ms if window else 0.0,
             serving_slo_violations=window.slo_violations if window else 0,
-            lost_trajectories=len(rollout.open), version_mismatches=rollout.mismatches,
+            lost_trajectories=len(rollout.open), failed_trajectories=rollout.failed,
             published_version=self.version, prefix_hit_ratio=prefix_hit_ratio(self.controller.stats, self._prefix_before),
             success_rate=share(t.success for t in trajectories),
             eval_success=share(t.success for t in evals) if rollout.evals else None,

@@ -32,7 +32,12 @@ class StepReport:
     turns_held_moved: int = 0
     """Of those, turns a borrowed serving executor held back, moved to a dedicated one with room."""
     lost_trajectories: int = 0
+    failed_trajectories: int = 0
+    """Dropped because a turn of theirs failed on executors more often than ``scheduler.turn_retries`` allows."""
     version_mismatches: int = 0
+    """Results that ran outside their turn's version window (refused by the controller, never trained on)."""
+    refused_results: int = 0
+    """Results the controller refused (``rose_core.app.controller.result_check``), every reason."""
     published_version: int = 0
     train_loss: float = 0.0
     sync_breakdown: SyncBreakdown = field(default_factory=SyncBreakdown)

@@ -29,8 +29,8 @@ class StepRollout:
     dropped: int = 0
     turn_counts: dict[str, int] = field(default_factory=dict)
     by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
-    mismatches: int = 0
-    """Results outside their turn's version window (0 unless something is wrong)."""
+    failed: int = 0
+    """Trajectories dropped: a turn of theirs was given up (``RLJob.on_given_up``)."""
     complete: Future[None] = field(default_factory=Future)
     """Done once the rollout has what its step trains on (``check_complete``; a refill starts a new one)."""
 
@@ -40,10 +40,8 @@ class StepRollout:
         return played if evals else played + self.sessions
 
     def count(self, accepted: AcceptedTurn) -> None:
-        """An accepted turn of this rollout: its pool, and whether it ran inside its version window."""
+        """An accepted turn of this rollout, by pool (the controller refused it had it run outside its window)."""
         self.by_role[accepted.role] = self.by_role.get(accepted.role, 0) + 1
-        if not accepted.ticket.min_version <= accepted.result.weight_version <= accepted.ticket.max_version:
-            self.mismatches += 1
 
     def check_complete(self, complete: bool) -> None:
         """Resolve ``complete`` when ``complete`` (the job's rule) first holds."""

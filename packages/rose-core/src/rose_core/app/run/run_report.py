@@ -13,7 +13,10 @@ from rose_core.app.jobs.step_report import StepReport
 class RunReport:
     steps: list[StepReport] = field(default_factory=list)
     lost_trajectories: int = 0
+    failed_trajectories: int = 0
+    """Dropped after a turn failed on executors more often than ``scheduler.turn_retries`` allows."""
     version_mismatches: int = 0
+    refused_results: int = 0
     weight_digest_mismatches: int = 0
     """Engines that reported weights other than the trainer's, summed over steps (0: bit-exact)."""
     late_results: int = 0
@@ -48,7 +51,9 @@ class RunReport:
     def add(self, step: StepReport) -> None:
         self.steps.append(step)
         self.lost_trajectories += step.lost_trajectories
+        self.failed_trajectories += step.failed_trajectories
         self.version_mismatches += step.version_mismatches
+        self.refused_results += step.refused_results
         self.weight_digest_mismatches += step.sync_breakdown.digest_mismatches
         self.turns_rerouted += step.turns_rerouted
         self.turns_overdue += step.turns_overdue
