@@ -6,9 +6,8 @@ version applied everywhere. Hooks never wait; the script never handles a message
 
 Version semantics: the generated model is version 0; step ``s`` trains on top of version ``s - 1`` and
 publishes version ``s``. Every turn carries the window of versions it may run on, ``[T - staleness, T]`` with
-``T`` the version its step trains on top of; a result outside it is refused by the controller (never trained
-on) and counted in ``version_mismatches``. A turn the controller gives up (it failed on executors more often
-than ``scheduler.turn_retries`` allows) drops its trajectory from the step: ``failed_trajectories``.
+``T`` the version its step trains on top of; the controller refuses a result outside it (``version_mismatches``).
+A turn given up (failed past ``scheduler.turn_retries``) drops its trajectory (``failed_trajectories``).
 
 Synchronous (``scheduler.staleness = 0``): rollout on ``s - 1`` -> train -> ship ``s``. Asynchronous
 (``staleness >= 1``): once step ``s``'s rollout is done, step ``s + 1``'s starts at once (on ``s - 1``, window
