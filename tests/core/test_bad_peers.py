@@ -1,11 +1,19 @@
 """What an executor sends is checked before anything of it counts (a bug, a broken engine, a stolen key), over
 real ZMQ sockets: a signed result with NaN logprobs, one with mismatched lengths, and a registration asking for
 absurd capacity are refused and counted, and the run goes on on what the healthy executor sends; a turn that
-fails on every executor is given up and its trajectory dropped, the step trains on the rest."""
+fails on every executor is given up and its trajectory dropped, the step trains on the rest; a keyless flood of
+huge unsigned notices is dropped as it arrives."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from control_frames import rejected
 from rl_job_peers import SECRET, CharCodec, Executor, Publisher, Trainer
 
 from rose_core.app.config import ControllerConfig, RLConfig, RunConfig
@@ -102,3 +111,64 @@ def test_a_turn_that_fails_on_every_executor_is_given_up_and_the_step_trains_on_
     assert report.refused_results == 2  # once on each executor: then there is none it has not failed on
     assert TURNS_GIVEN_UP._value.get() == given_up_before + 1 and ctl.stats.turns_given_up == 1
     assert {s.trajectory_id for s in trainer.calls[0]["samples"]} == {"s1-p0-g1", "s1-p1-g0", "s1-p1-g1"}
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_keyless_flood_of_huge_unsigned_notices_is_dropped_and_costs_the_controller_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """200 unsigned notices of 32 MiB from a peer without a key while the controller's loop trains (does not
+    read) and then runs: each is refused as it arrives (before it is decoded or queued), the controller's
+    memory and log stay flat, and the healthy executor heartbeating beside the flood is never timed out."""
+    config = RunConfig(controller=ControllerConfig(stall_timeout_s=2.0), run_dir=str(tmp_path))
+    ctl = Controller(config, SECRET)
+    healthy = Executor(ctl, lambda _msg: "up").join("d0", ControlClient)
+    done = threading.Event()
+
+    def heartbeats() -> None:
+        for seq in itertools.count():
+            if done.wait(0.25):
+                return
+            healthy.client.send(m.Heartbeat(executor_id="d0", seq=seq, sent_at=time.time(), load=m.LoadReport()))
+
+    flood = (  # a peer of its own (its buffers are not the controller's)
+        "import sys, zmq\n"
+        "from rose_core.protocol.wire import UNSIGNED_NOTICE, envelope\n"
+        "ctx = zmq.Context()\n"
+        "sock = ctx.socket(zmq.DEALER)\n"
+        "sock.connect(sys.argv[1])\n"
+        "notice = [envelope(UNSIGNED_NOTICE), bytes(32), b'\\xa5' * (32 << 20)]\n"
+        "for _ in range(200):\n"
+        "    sock.send_multipart(notice, copy=False)\n"
+        "sock.close(linger=-1)\n"
+        "ctx.term()\n"  # every notice leaves before the process ends
+    )
+
+    before, rss_before = rejected("oversized_notice"), rss_bytes()
+    caplog.set_level(logging.INFO)
+    beating = threading.Thread(target=heartbeats)
+    beating.start()
+    flooding = subprocess.Popen([sys.executable, "-c", flood, ctl.address])
+    stalled = []
+    try:
+        time.sleep(2.5)  # a train step: the loop reads nothing, the I/O thread takes what arrives
+        deadline = time.monotonic() + 120
+        while (flooding.poll() is None or rejected("oversized_notice") < before + 200) and time.monotonic() < deadline:
+            ctl.pump(0.05)
+            stalled += [eid for eid, rec in ctl.executors.items() if rec.state == "stalled"]
+        for _ in range(10):
+            ctl.pump(0.05)
+    finally:
+        done.set()
+        beating.join()
+        flooding.kill()
+        flooding.wait()
+        healthy.client.close()
+        ctl.close()
+    assert rejected("oversized_notice") == before + 200
+    assert stalled == [] and "d0" in ctl.executors and ctl.scheduler.counters["rerouted_stalled"] == 0
+    assert rss_bytes() - rss_before < 256 << 20  # one notice is 32 MiB; 200 held would be 6.4 GiB
+    logged = sum(len(r.getMessage()) for r in caplog.records)
+    assert logged < 20_000, f"{len(caplog.records)} log records, {logged} characters"

@@ -25,10 +25,11 @@ from hypothesis import given, settings
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import Signer, executor_key, observer_key
 from rose_core.protocol.serde import Encoder
-from rose_core.protocol.wire import MAGIC, Framer, Stamp, envelope
+from rose_core.protocol.wire import MAGIC, MAX_NOTICE_BYTES, UNSIGNED_NOTICE, Framer, Stamp, envelope
 from rose_core.support.errors import RoseError
 from rose_core.support.metrics import DROPPED_MESSAGES, free_port
 from rose_core.transport.channel import ControlClient, ControlServer
+from rose_core.transport.inbound import NOTICES_PER_S
 from rose_core.transport.zmq_endpoint import SEND_HWM
 
 
@@ -332,3 +333,33 @@ def test_an_encrypting_server_talks_to_encrypting_clients_of_either_credential_a
                 client.close()
     assert got == sorted(map(str, [(b"exec", hello("exec")), (b"tui", m.Hello(peer_id="tui", kind="observer")), None]))
     assert server.encrypted
+
+
+def test_unsigned_notices_are_capped_in_size_and_rate_and_never_queue_up(server: ControlServer) -> None:
+    """Anyone can send an unsigned notice: one over MAX_NOTICE_BYTES is refused before it is decoded, and at
+    most NOTICES_PER_S a second reach the reader (the rest are dropped and counted)."""
+    framer = Framer(Signer(OTHER), m.ToController)
+    small, big = framer.notice("unauthenticated", "who are you"), framer.notice("x", "y")
+    big[-1] = bytes(MAX_NOTICE_BYTES)
+    assert bytes(big[0]) == envelope(UNSIGNED_NOTICE)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = dealer(ctx, server.address, b"keyless")
+    before = {r: rejected(r) for r in ("oversized_notice", "notice_flood")}
+    try:
+        sock.send_multipart(big)
+        for _ in range(3 * NOTICES_PER_S):
+            sock.send_multipart(small)
+        deadline = time.monotonic() + 5
+        while rejected("notice_flood") + rejected("oversized_notice") < sum(before.values()) + 2 * NOTICES_PER_S + 1 \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        delivered = []
+        while (got := server.recv(0.2)) is not None:
+            delivered.append(got[1])
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert rejected("oversized_notice") == before["oversized_notice"] + 1
+    assert len(delivered) + rejected("notice_flood") - before["notice_flood"] == 3 * NOTICES_PER_S
+    assert NOTICES_PER_S <= len(delivered) < 3 * NOTICES_PER_S  # the sender is faster than a second
+    assert all(isinstance(msg, m.ErrorReport) and msg.ref == "unsigned" for msg in delivered)

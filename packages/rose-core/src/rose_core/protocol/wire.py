@@ -9,7 +9,7 @@ messages with bulk buffers sealed by a ``Framer(bulk_mac="poly1305")``, a one-ti
 (flag ``SIGNED_POLY1305``, see ``rose_core.protocol.auth``). Every ``Framer`` opens both; the flag is inside
 what is signed, so it cannot be flipped. An unsigned error notice
 (flag ``UNSIGNED_NOTICE``, zero mac) tells a peer that failed authentication or version checks why it
-was rejected; it is accepted only as an ``ErrorReport`` and never acted on.
+was rejected; it is accepted only as an ``ErrorReport`` of at most ``MAX_NOTICE_BYTES`` and never acted on.
 
 A server's ``Framer`` may also know two more kinds of key, tried after its own: a *member* key per peer
 (``member(peer)``: an executor's key, ``rose_core.protocol.auth.executor_key``, derived from the peer's routing id), whose
@@ -43,6 +43,9 @@ SIGNED = 0
 UNSIGNED_NOTICE = 1
 SIGNED_POLY1305 = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_NOTICE_BYTES = 4096
+"""The most an unsigned notice may take (all frames): anyone can send one, so a larger one is refused
+(``oversized_notice``) before it is decoded; what a real one says fits many times over."""
 OWN = "own"
 MEMBER = "member"
 GUEST = "guest"
@@ -123,7 +126,7 @@ class Framer:
 
     def notice(self, code: str, message: str) -> list[Any]:
         """An unsigned error notice for a peer we cannot (or must not) talk to."""
-        payload = self._encoder.encode(ErrorReport(code=code, message=message, ref=UNSIGNED_REF))
+        payload = self._encoder.encode(ErrorReport(code=code[:64], message=message[:1024], ref=UNSIGNED_REF))
         return [envelope(UNSIGNED_NOTICE), bytes(MAC_BYTES), *payload]
 
     def open(self, frames: Sequence[Any]) -> Any:
@@ -150,6 +153,8 @@ class Framer:
             raise ProtocolError("malformed", "not a ROSE frame (bad envelope)")
         _, version, flags = _HEAD.unpack_from(env)
         if flags == UNSIGNED_NOTICE:  # its ref is ours, not the sender's: nobody can pass one off as signed
+            if size > MAX_NOTICE_BYTES:
+                raise ProtocolError("oversized_notice", f"unsigned notice of {size} bytes (at most {MAX_NOTICE_BYTES})")
             return Opened(msgspec.structs.replace(self._notice_decoder.decode(payload), ref=UNSIGNED_REF), OWN,
                           None)
         if version != PROTOCOL_VERSION:

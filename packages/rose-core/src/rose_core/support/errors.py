@@ -48,6 +48,9 @@ class ProtocolError(Exception):
         "replay",
         "over_capacity",
         "needs_tls",
+        "oversized_notice",
+        "notice_flood",
+        "inbox_full",
     )
 
     def __init__(self, reason: str, message: str) -> None:

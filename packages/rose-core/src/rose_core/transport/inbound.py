@@ -6,6 +6,12 @@ decoding), check that it is fresh (``rose_core.protocol.replay_guard``: a captur
 A rejected message is logged (rate-limited), counted in ``rose_rejected_messages_total{reason}`` and in
 ``rejected``, and dropped; a peer that failed authentication or the version check gets one unsigned notice
 naming the fix. The endpoint and its other peers keep working.
+
+What a peer without a key can make this endpoint hold is bounded: an unsigned notice is refused above
+``MAX_NOTICE_BYTES`` before it is decoded, at most ``NOTICES_PER_S`` of them a second are delivered (the rest
+are dropped as ``notice_flood``), and the inbox holds at most ``max_inbox`` messages (more are dropped as
+``inbox_full``: the reader is not keeping up). Each refusal costs the I/O thread a size check, so garbage
+cannot keep it from the heartbeats behind it.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ import logging
 import queue
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from rose_core.protocol.replay_guard import ReplayGuard
-from rose_core.protocol.wire import OWN, Framer
+from rose_core.protocol.wire import OWN, Framer, is_unsigned_notice
 from rose_core.support.errors import ProtocolError
 from rose_core.support.metrics import REJECTED_MESSAGES
 
@@ -26,6 +33,10 @@ log = logging.getLogger(__name__)
 InT = TypeVar("InT")
 NOTIFIED_REASONS = ("unauthenticated", "wrong_version")
 """Rejections the peer is told about (once per peer and reason): it cannot fix what it is not told."""
+NOTICES_PER_S = 10
+"""Unsigned notices delivered per second, from every peer together (anyone can send them)."""
+MAX_INBOX = 100_000
+"""Messages waiting for the reader, by default: far beyond what a healthy fleet queues during a train step."""
 
 
 class Inbound(ABC, Generic[InT]):
@@ -33,8 +44,11 @@ class Inbound(ABC, Generic[InT]):
 
     ``_receive`` is called by whoever plays the I/O thread; ``_send_raw`` is how a notice goes back."""
 
-    def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None) -> None:
+    def __init__(self, framer: Framer, on_message: Callable[[bytes, InT], None] | None,
+                 max_inbox: int = MAX_INBOX) -> None:
         self._framer = framer
+        self._max_inbox = max_inbox
+        self._notices: deque[float] = deque(maxlen=NOTICES_PER_S)
         self._replays = ReplayGuard()
         self._on_message = on_message
         self._inbox: queue.SimpleQueue[tuple[bytes, InT] | None] = queue.SimpleQueue()
@@ -89,16 +103,28 @@ class Inbound(ABC, Generic[InT]):
         return self.keys.get(peer, OWN)
 
     def _deliver(self, peer: bytes, msg: InT) -> None:
-        if self._on_message is not None:
+        if is_unsigned_notice(msg) and not self._notice_due(time.monotonic()):
+            self._reject(peer, ProtocolError("notice_flood", f"over {NOTICES_PER_S} unsigned notices a second"))
+        elif self._on_message is not None:
             self._on_message(peer, msg)
+        elif self._inbox.qsize() >= self._max_inbox:
+            self._reject(peer, ProtocolError("inbox_full", f"{self._max_inbox} messages wait for the reader"))
         else:
             self._inbox.put((peer, msg))
+
+    def _notice_due(self, now: float) -> bool:
+        """Whether one more unsigned notice fits in this second's allowance (and count it if so)."""
+        if len(self._notices) == NOTICES_PER_S and now - self._notices[0] < 1.0:
+            return False
+        self._notices.append(now)
+        return True
 
     def _reject(self, peer: bytes, exc: ProtocolError) -> None:
         self.rejected += 1
         REJECTED_MESSAGES.labels(exc.reason).inc()
         if self.rejected <= 20 or self.rejected % 1000 == 0:
-            log.warning("rejected a message from %r (%s): %s", peer[:32], exc.reason, exc)
+            log.warning("rejected a message from %r (%s): %s", peer[:32], exc.reason, str(exc))  # not exc: its
+            # traceback holds the frames (a record kept by a handler would keep up to 64 MiB alive)
         if exc.reason in NOTIFIED_REASONS and (peer, exc.reason) not in self._notified:
             self._notified.add((peer, exc.reason))
             self._send_raw(peer, self._framer.notice(exc.reason, str(exc)))

@@ -222,7 +222,7 @@ class Controller:
                 self.publish_status(now)
             return
         if isinstance(msg, ErrorReport):
-            log.warning("peer %r reports %s: %s", peer, msg.code, msg.message)
+            log.warning("peer %r reports %s: %s", peer[:32], msg.code[:64], msg.message[:300])
             return
         if not self.registry.may_send(peer, msg, self.status.is_observer):
             return
