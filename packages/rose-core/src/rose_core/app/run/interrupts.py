@@ -18,6 +18,20 @@ class Interrupted(KeyboardInterrupt):
     in about half of the interrupts). It checks the exception's type exactly: a subclass is not flagged."""
 
 
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``Interrupted``, or carries one as its cause or context: a signal that lands while a
+    module imports can surface wrapped (seen: "Error calling __set_name__" raised from a dataclass whose class
+    body the interrupt cut, a `RuntimeError` whose cause was the ``Interrupted``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Interrupted):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 @contextmanager
 def signals_as_interrupt() -> Iterator[None]:
     """SIGINT and SIGTERM raise ``Interrupted`` in the main thread while the run goes."""

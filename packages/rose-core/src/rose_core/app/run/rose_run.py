@@ -20,7 +20,7 @@ from rose_core.app.gateway.http_server import ApiServer
 from rose_core.app.jobs.external_trainer import ExternalTrainer
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_report import StepReport
-from rose_core.app.run.interrupts import signals_as_interrupt
+from rose_core.app.run.interrupts import caused_by_interrupt, signals_as_interrupt
 from rose_core.app.run.launch import Launch, Say
 from rose_core.app.run.load_generator import LoadGenerator
 from rose_core.app.run.run_report import RunReport
@@ -83,12 +83,13 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
                 if on_step is not None:
                     on_step(step_report)
             _finish(report, controller, load, config)
-        except KeyboardInterrupt:
+        except BaseException as exc:
+            if not (isinstance(exc, KeyboardInterrupt) or caused_by_interrupt(exc)):
+                if isinstance(exc, RoseError | TimeoutError | RuntimeError):
+                    report.error = str(exc)
+                raise
             report.error = "interrupted"
             say("interrupted: stopping every process")
-        except (RoseError, TimeoutError, RuntimeError) as exc:
-            report.error = str(exc)
-            raise
         finally:
             if job is not None:
                 job.close()
