@@ -502,3 +502,31 @@ def test_turns_held_back_on_a_borrowed_executor_move_to_a_dedicated_one_with_roo
             assert ctl.scheduler.where("t2") == "s1" and ctl.stats.held_moved == 1
     finally:
         ctl.close()
+
+
+def test_the_job_releases_executors_and_does_not_welcome_them_again(controller: Controller) -> None:
+    """Release, not Shutdown: a retired executor and, at the job's end, every executor is released (a serving
+    host goes on serving and looks for its next job); this job refuses their Hello from then on."""
+    with join(controller, "s1", role="serving") as s1, join(controller, "d1") as d1:
+        controller.retire("s1", "weight version 3 failed: boom")
+        released = recv_type(s1, m.Release)
+        assert "taken out of the job: weight version 3 failed" in released.reason
+        s1.send(m.Hello(peer_id="s1", kind="executor"))  # the host looks for a job
+        controller.pump(0)
+        assert recv_type(s1, m.ErrorReport).code == "released" and "s1" not in controller.executors
+        done = controller.release_executors("run finished")
+        assert recv_type(d1, m.Release).reason == "run finished" and not done.done()
+        d1.send(m.Goodbye(peer_id="d1", reason="released"))
+        controller.pump(0)
+        assert done.done()
+
+
+def test_the_welcome_names_the_jobs_policy(clock: FakeClock) -> None:
+    ctl = Controller(RunConfig(), SECRET, clock=clock, server=InProcessServer(SECRET), policy_model_dir="/models/p")
+    try:
+        with InProcessClient(ctl.address, SECRET, "s1") as client:
+            client.send(m.Hello(peer_id="s1", kind="executor"))
+            ctl.pump(0)
+            assert recv_type(client, m.Welcome).policy_model_dir == "/models/p"
+    finally:
+        ctl.close()

@@ -177,3 +177,33 @@ async def wait_for(condition: object, timeout_s: float = 10) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def test_the_client_knows_how_long_its_link_to_the_controller_has_been_down() -> None:
+    """What a serving host's lease expiry reads: up once the handshake is done, down from the moment a
+    controller that died dropped the connection, up again when one listens there again."""
+    server = ControlServer("tcp://127.0.0.1:0", SECRET)
+    client = LoopControlClient(server.address, SECRET, "e1")
+    restarted = None
+    try:
+        while client.down_for(time.monotonic()) > 0:  # connecting
+            await asyncio.sleep(0.01)
+        server.close()
+        while client.down_for(time.monotonic()) == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert 0.3 <= client.down_for(time.monotonic()) < 30
+        restarted = ControlServer(server.address, SECRET)
+        while client.down_for(time.monotonic()) > 0:
+            await asyncio.sleep(0.01)
+    finally:
+        client.close()
+        for srv in (server, restarted):
+            if srv is not None:
+                srv.close()
+    nowhere = LoopControlClient(f"tcp://127.0.0.1:{free_port()}", SECRET, "e2")
+    try:
+        await asyncio.sleep(0.2)
+        assert nowhere.down_for(time.monotonic()) >= 0.2  # never up: down since it started
+    finally:
+        nowhere.close()

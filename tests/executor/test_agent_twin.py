@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -256,18 +257,13 @@ async def test_sigusr1_revokes_the_host_its_turns_come_back_and_serving_goes_on(
 async def test_a_serving_host_lent_to_one_job_refuses_a_second_and_names_the_holder(
     executor: TwinExecutor, config_path: Path
 ) -> None:
-    """Another RL job's executor for the same serving endpoint: its controller hears who holds the host
-    (``already_lent``), and it stops with the same line; the first executor keeps serving its job."""
+    """A second executor for the same serving endpoint stops at start with the holder's name (one process lends
+    an endpoint, to one job at a time), before it touches an engine; the first one keeps serving its job."""
     server, second_job, _agent, task = start_agent(config_path, "ex-2")
     try:
-        await second_job.arrival(Hello, timeout=10)
-        second_job.send(Welcome(controller_id="job-b", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
-        refusal = await second_job.arrival(ErrorReport, timeout=30)
-        assert refusal.code == "already_lent"
-        assert "lent to the RL job of controller test-controller" in refusal.message
-        assert "rose-executor ex-1" in refusal.message and "rose-executor revoke ex-1" in refusal.message
-        with pytest.raises(RoseError, match="lent to the RL job of controller test-controller"):
+        with pytest.raises(RoseError, match=r"held by rose-executor ex-1 .* which lends it to the RL jobs at"):
             await asyncio.wait_for(task, 30)
+        await second_job.quiet(0.2, lambda msg: isinstance(msg, Hello))
     finally:
         server.close()
     assert (await executor.controller.arrival(Heartbeat, timeout=5)).load.state == "ready"
@@ -333,11 +329,58 @@ async def test_a_forged_unsigned_notice_changes_nothing(executor: TwinExecutor) 
     assert result.output_token_ids.size > 0 and executor.agent.rejoins == 0
 
 
-async def test_a_dead_engine_stops_the_agent_with_exit_1(executor: TwinExecutor) -> None:
-    executor.launcher.engines[1].errored = True
+async def test_a_dead_rollout_engine_ends_the_lease_and_serving_goes_on(executor: TwinExecutor) -> None:
+    """The rollout engine is the job's: when it dies the host gives the lease back (Goodbye), stops it, goes on
+    serving, and lends itself again."""
+    peer, rollout = executor.controller, executor.launcher.engines[1]
+    rollout.errored = True
+    goodbye = await peer.arrival(Goodbye, timeout=10)
+    assert "rollout engine died" in goodbye.reason
+    assert (await executor.serve([3, 4, 5], 4)).token_ids and not executor.task.done()
+    hello = await peer.arrival(Hello, timeout=10)  # lent to the next job that takes it (this controller again)
+    assert hello.peer_id == "ex-1" and rollout.shut_down
+    peer.send(Welcome(controller_id="next-job", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+    register = await peer.arrival(Register, timeout=30)
+    assert register.weight_version == 0 and len(executor.launcher.engines) == 3  # a fresh rollout engine
+    assert executor.agent.lent_to == "next-job" and executor.agent.leases == 1
+
+
+async def test_a_dead_serving_engine_stops_the_executor_with_exit_1(executor: TwinExecutor) -> None:
+    executor.serving.errored = True
     goodbye = await executor.controller.arrival(Goodbye, timeout=10)
-    assert "engine died" in goodbye.reason
+    assert "serving engine died" in goodbye.reason
     assert await asyncio.wait_for(executor.task, 30) == 1
+
+
+async def test_a_released_serving_host_gives_its_turns_back_stops_the_rollout_engine_and_serves_on(
+    executor: TwinExecutor, tmp_path: Path, policy_dir: Path
+) -> None:
+    """The job is done with the host (it ended, or took it out): turns back, Goodbye, the rollout engine stopped,
+    production untouched; the next job's controller gets the host with the policy it names."""
+    peer = executor.controller
+    peer.send(turn("long", sampling=LONG))
+    await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
+    peer.send(m.Release(reason="run finished"))
+    given_back = await peer.arrival(TurnAborted, timeout=10, where=lambda a: a.turn_id == "long")
+    assert given_back.reason == "released"
+    goodbye = await peer.arrival(Goodbye, timeout=10)
+    assert "released" in goodbye.reason and "run finished" in goodbye.reason
+    assert (await executor.serve([3, 4, 5], 4)).token_ids and not executor.task.done()
+    other_policy = tmp_path / "policy-b"
+    shutil.copytree(policy_dir, other_policy)
+    await peer.arrival(Hello, timeout=10)  # the lease is over: it looks for the next job
+    serving, rollout = executor.launcher.engines
+    assert rollout.shut_down and not serving.shut_down
+    assert (executor.agent.lent_to, executor.agent.leases) == ("", 1)
+    peer.send(Welcome(controller_id="job-b", heartbeat_interval_s=0.3, stall_timeout_s=5.0,
+                      policy_model_dir=str(other_policy)))
+    register = await peer.arrival(Register, timeout=30)
+    assert [model.path for model in register.models if model.purpose == "rollout"] == [str(other_policy)]
+    assert executor.launcher.engines[2].spec.model_dir == other_policy
+    peer.send(turn("b1"))
+    assert (await peer.arrival(TurnResult, timeout=10, where=lambda r: r.turn_id == "b1")).output_token_ids.size
+    peer.send(Shutdown(reason="operator"))  # only its operator stops it
+    assert await asyncio.wait_for(executor.task, 30) == 0
 
 
 class StuckCommit(FakeEngineLauncher):
@@ -376,12 +419,13 @@ async def test_an_executor_killed_mid_apply_comes_back_with_a_full_sync(config_p
 
 
 async def test_an_executor_whose_launcher_is_gone_stops_itself(config_path: Path) -> None:
-    """`rose run` passes --parent-pid: a launcher killed with SIGKILL must not leave its executors running."""
+    """`rose run` passes --parent-pid: a launcher killed with SIGKILL must not leave its executors running, lent
+    to a job or not (here: before any job welcomed it)."""
     # parent_pid: not this process's parent, so the launcher is gone
-    server, controller, _agent, task = start_agent(config_path, "ex-3", parent_pid=os.getppid() + 1)
+    server, controller, agent, task = start_agent(config_path, "ex-3", parent_pid=os.getppid() + 1)
     try:
-        await controller.arrival(Hello, timeout=10)
-        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
         assert await asyncio.wait_for(task, 60) == 1
+        assert agent.leases == 0
+        await controller.quiet(0.2, lambda msg: isinstance(msg, Hello))
     finally:
         server.close()

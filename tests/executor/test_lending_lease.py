@@ -12,7 +12,7 @@ import pytest
 from rose_executor.host.lending_lease import AlreadyLent, Holder, LendingLease
 
 
-def test_a_second_job_is_refused_with_the_holders_name_and_the_fix(tmp_path: Path) -> None:
+def test_a_second_process_is_refused_with_the_holders_name_and_the_fix(tmp_path: Path) -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         lease = LendingLease("127.0.0.1:8000", tmp_path)
@@ -22,8 +22,8 @@ def test_a_second_job_is_refused_with_the_holders_name_and_the_fix(tmp_path: Pat
         with pytest.raises(AlreadyLent) as refused:
             LendingLease("127.0.0.1:8000", tmp_path).acquire(Holder("serving-9", "tcp://10.0.0.2:5555", "job-b"))
         message = str(refused.value)
-        assert "lent to the RL job of controller job-a (tcp://10.0.0.1:5555)" in message
-        assert f"rose-executor serving-0 (pid {other.pid})" in message
+        assert "which lends it to the RL jobs at tcp://10.0.0.1:5555" in message
+        assert f"held by rose-executor serving-0 (pid {other.pid})" in message
         assert "rose-executor revoke serving-0" in message and "`port` under [serving]" in message
     finally:
         other.kill()

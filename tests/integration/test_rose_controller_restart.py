@@ -4,7 +4,8 @@ serving production traffic all along, join the new controller by themselves; the
 lost and every engine on the trainer's weights. All through the resumed run a dashboard-like peer that never
 reads is connected: the controller sends it the two snapshots its credit allows and then skips it every status
 interval (decision 112), so nothing queues up for it however long it stays. Real processes, real vLLM CPU
-engines, real sockets."""
+engines, real sockets. At the end the job releases its executors: the dedicated one stops, the serving host
+goes on serving production until its operator stops it."""
 
 from __future__ import annotations
 
@@ -134,14 +135,19 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             finally:
                 stalled.close(0)
                 ctx.term()
-        codes = {role: proc.wait(timeout=120) for role, (proc, _) in executors.items()}
+        dedicated_code = executors["dedicated"][0].wait(timeout=120)  # released at the end: a job's own, it stops
+        serving_proc, serving_port = executors["serving"]
+        after_job = served(serving_port)  # released too: production outlives the job
+        serving_after_job = serving_proc.poll() is None
+        serving_proc.send_signal(signal.SIGTERM)  # only its operator stops it
+        codes = {"dedicated": dedicated_code, "serving": serving_proc.wait(timeout=120)}
     finally:
         for proc, _ in executors.values():
             if proc.poll() is None:
                 proc.kill()
     logs = {role: (work / f"executor-{role}.log").read_text(errors="replace") for role in executors}
     return {"report": report, "codes": codes, "logs": logs, "while_down": text_while_down, "skipped": skipped,
-            "dropped": dropped,
+            "dropped": dropped, "after_job": after_job, "serving_after_job": serving_after_job,
             "checkpoints": sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))}
 
 
@@ -161,7 +167,15 @@ def test_the_executors_joined_the_new_controller_by_themselves(restarted: dict[s
         assert "restarted or lost this executor; joining it again" in log, log[-3000:]
         assert f"executor {role}-0 registered again with" in log, log[-3000:]
         assert log.count(f"executor {role}-0 registered with") == 1  # the first start only: no process restart
-    assert restarted["codes"] == {"dedicated": 0, "serving": 0}  # stopped by the resumed controller at the end
+    assert restarted["codes"] == {"dedicated": 0, "serving": 0}  # released at the end; SIGTERM for the serving host
+
+
+def test_the_serving_host_outlives_the_job(restarted: dict[str, Any]) -> None:
+    """The job's end releases the serving host: it gives the lease back, stops the job's rollout engine and goes
+    on answering production until its operator stops it (the job's end used to stop production too)."""
+    assert restarted["serving_after_job"] and restarted["after_job"] == 4
+    log = restarted["logs"]["serving"]
+    assert "the job released it (run finished)" in log and "rollout engine stopped" in log, log[-3000:]
 
 
 def test_a_peer_that_never_reads_did_not_wedge_the_resumed_run(restarted: dict[str, Any]) -> None:

@@ -177,13 +177,20 @@ class ExecutorConfig(ConfigSection):
     heartbeat_interval_s: float = 1.0
     """Used until the controller's Welcome names its own interval, which wins."""
     welcome_timeout_s: float = 10.0
+    lease_expiry_s: float = 30.0
+    """A serving host whose link to its job's controller has been down this long ends the lease (the controller
+    is gone: a dead process drops the link at once, a silent one after ZMQ's 10 s heartbeat timeout); long
+    enough for a controller restarted with --resume to find the host still lent. 0: never."""
+    lend_retry_s: float = 2.0
+    """A serving host lent to no RL job says Hello to its controller address this often (a job that starts
+    there gets it within about this long)."""
     encrypt_control: bool = False
     """Reach a controller whose control socket encrypts (`rose` config `[controller] encrypt`; CurveZMQ)."""
 
     def __post_init__(self) -> None:
         require_positive(max_model_len=self.max_model_len, heartbeat_interval_s=self.heartbeat_interval_s,
-                         welcome_timeout_s=self.welcome_timeout_s)
-        require_non_negative(kv_cache_gib=self.kv_cache_gib)
+                         welcome_timeout_s=self.welcome_timeout_s, lend_retry_s=self.lend_retry_s)
+        require_non_negative(kv_cache_gib=self.kv_cache_gib, lease_expiry_s=self.lease_expiry_s)
         kind, _ = parse_device(self.device)
         require_at_least(1, tensor_parallel_size=self.tensor_parallel_size)
         if kind == "cpu" and self.tensor_parallel_size > 1:

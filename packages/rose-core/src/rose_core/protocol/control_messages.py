@@ -26,6 +26,9 @@ class Welcome(Message, tag="welcome"):
     controller_id: str
     heartbeat_interval_s: float = 1.0
     stall_timeout_s: float = 2.0
+    policy_model_dir: str = ""
+    """The job's policy, for the rollout engine of a serving host that lends itself to jobs as they come (a path
+    on the executor's host); empty: the executor's own ``rollout.model_dir``."""
 
 
 class ErrorReport(Message, tag="error"):
@@ -222,4 +225,14 @@ class StepStarted(Message, tag="step_started"):
 
 
 class Shutdown(Message, tag="shutdown"):
+    """Stop the executor process: sent by the operator of the executors (``rose run``, which started them)."""
+
+    reason: str = ""
+
+
+class Release(Message, tag="release"):
+    """The job is done with this executor (it ended, or took the executor out): a serving host gives its turns
+    back, stops the job's rollout engine and goes on serving production, ready to lend itself to the next job;
+    a dedicated executor stops."""
+
     reason: str = ""

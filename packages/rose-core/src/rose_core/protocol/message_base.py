@@ -7,9 +7,9 @@ from typing import Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 4
-"""4: ``WeightApplied`` lost the four fields unused since in-place commits (abort, pause, reload and resume
-seconds)."""
+PROTOCOL_VERSION = 5
+"""5: ``Release`` (the job is done with an executor; a serving host goes on serving) beside ``Shutdown`` (stop
+the process). 4: ``WeightApplied`` lost the four fields unused since in-place commits."""
 
 Role = Literal["dedicated", "serving"]
 PeerKind = Literal["executor", "observer", "weights"]

@@ -26,6 +26,7 @@ from rose_core.protocol.control_messages import (
     LoadReport,
     ModelInfo,
     Register,
+    Release,
     SamplingParams,
     Shutdown,
     StepStarted,
@@ -63,7 +64,7 @@ ToController = Union[
     Hello, Register, Heartbeat, TurnResult, TurnAborted, WeightApplied, ErrorReport, Goodbye, StatusAck
 ]
 FromController = Union[
-    Welcome, TurnRequest, CancelTurn, WeightAnnounce, StepStarted, StatusSnapshot, Shutdown, ErrorReport
+    Welcome, TurnRequest, CancelTurn, WeightAnnounce, StepStarted, StatusSnapshot, Shutdown, Release, ErrorReport
 ]
 TransferRequest = Union[Hello, FetchManifest, FetchBucket]
 TransferReply = Union[Welcome, WeightManifest, BucketData, ErrorReport]
@@ -91,6 +92,7 @@ __all__ = [
     "ModelInfo",
     "PeerKind",
     "Register",
+    "Release",
     "Role",
     "SamplingParams",
     "ShardAccepted",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Self
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from rose_core.protocol.auth import Signer
 from rose_core.protocol.messages import FromController
@@ -28,6 +30,10 @@ class LoopControlClient(Inbound[FromController]):
 
     ZMQ's descriptor signals edges, not levels: an operation on the socket (a send, too) can take in what
     arrived without it firing again, so every send is followed by a drain scheduled on the loop.
+
+    ``down_for(now)`` says how long the link to the controller has been down (0 while it is up), from the
+    socket's monitor: a controller process that died drops the connection at once, one that went silent
+    (stopped, unreachable) when ZMQ's heartbeats time out (``HEARTBEAT_TIMEOUT_MS``).
     """
 
     def __init__(self, address: str, secret: bytes, peer_id: str, on_message: ClientCallback | None = None,
@@ -51,6 +57,24 @@ class LoopControlClient(Inbound[FromController]):
         self._fd: int = self._sock.FD
         self._loop.add_reader(self._fd, self._drain)
         self._schedule_drain()  # what arrived before the reader was added raised no edge it saw
+        self._down_since: float | None = time.monotonic()
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._monitor_fd: int = self._monitor.FD
+        self._loop.add_reader(self._monitor_fd, self._watch_link)
+        self._loop.call_soon(self._watch_link)
+
+    def down_for(self, now: float) -> float:
+        """Seconds the link to the controller has been down (never up yet counts from the start); 0 while up."""
+        return 0.0 if self._down_since is None else max(0.0, now - self._down_since)
+
+    def _watch_link(self) -> None:
+        """The monitor's events: up on a completed handshake, down on a disconnect."""
+        while not self._closed and int(self._monitor.EVENTS) & zmq.POLLIN:
+            event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._down_since = None
+            elif event == zmq.EVENT_DISCONNECTED and self._down_since is None:
+                self._down_since = time.monotonic()
 
     def send(self, msg: msgspec.Struct) -> None:
         """On the loop: put ``msg`` on the wire now, or drop it (counted) when the socket cannot take it."""
@@ -65,6 +89,9 @@ class LoopControlClient(Inbound[FromController]):
             return
         self._closed = True
         self._loop.remove_reader(self._fd)
+        self._loop.remove_reader(self._monitor_fd)
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(linger=int(flush_s * 1000))
         self._ctx.term()
 

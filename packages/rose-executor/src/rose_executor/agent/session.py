@@ -22,6 +22,7 @@ from rose_core.protocol.messages import (
     FromController,
     Heartbeat,
     Hello,
+    Release,
     Shutdown,
     StatusSnapshot,
     StepStarted,
@@ -41,18 +42,38 @@ REJOIN_CODES = ("no_handshake", "not_registered")
 """What a controller that does not know this executor answers (signed): join it again."""
 
 
+class NoWelcome(RoseError):
+    """No controller welcomed this executor within ``welcome_timeout_s`` (``notice``: an unsigned one answered)."""
+
+    def __init__(self, message: str, notice: ErrorReport | None) -> None:
+        super().__init__(message)
+        self.notice = notice
+
+
+class Refused(RoseError):
+    """The controller answered the Hello with a signed refusal (``code``: ``released`` from a job that is done
+    with this executor, ``wrong_version``...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"the controller refused this executor ({code}): {message}")
+        self.code = code
+
+
 class ControllerSession:
     """``state()``: the executor's state for its heartbeats; ``stop(reason, exit_code)``: what the controller's
-    ``Shutdown`` (or its refusal of the registration) asks of the agent."""
+    ``Shutdown`` (or its refusal of the registration) asks of the agent; ``release(reason)``: what its
+    ``Release`` asks (the end of the lease)."""
 
     def __init__(self, link: ControllerLink, executor_id: str, controller: str, welcome_timeout_s: float,
-                 state: Callable[[], str], stop: Callable[[str, int], None]) -> None:
+                 state: Callable[[], str], stop: Callable[[str, int], None],
+                 release: Callable[[str], None]) -> None:
         self.link = link
         self.executor_id = executor_id
         self.controller = controller
         self.welcome_timeout_s = welcome_timeout_s
         self.state = state
         self.stop = stop
+        self.release = release
         self.host: Host | None = None
         """Set once the host is built: what turns, cancellations, versions and steps go to."""
         self.welcome: Welcome | None = None
@@ -86,12 +107,12 @@ class ControllerSession:
                 log.warning("unsigned notice (cannot be verified) from %s: %s: %s", self.controller, msg.code,
                             msg.message)
             elif isinstance(msg, ErrorReport):
-                raise RoseError(f"the controller refused this executor ({msg.code}): {msg.message}")
+                raise Refused(msg.code, msg.message)
         waited = f"no Welcome from the controller at {self.controller} within {self.welcome_timeout_s:g} s"
         if notice is not None:
-            raise RoseError(f"{waited}; it answered with an unsigned notice ({notice.code}): {notice.message}")
+            raise NoWelcome(f"{waited}; it answered with an unsigned notice ({notice.code}): {notice.message}", notice)
         hint = "" if encrypted else " (and, if it encrypts, set encrypt_control = true)"
-        raise RoseError(f"{waited}: check --controller and that the controller is running{hint}")
+        raise NoWelcome(f"{waited}: check --controller and that the controller is running{hint}", None)
 
     def register(self) -> None:
         if self.host is not None:
@@ -136,6 +157,8 @@ class ControllerSession:
                     host.co_serving.on_step(msg.step)
             case Shutdown():
                 self.stop(f"the controller asked ({msg.reason or 'no reason given'})", 0)
+            case Release():
+                self.release(f"the job released it ({msg.reason or 'no reason given'})")
             case ErrorReport():
                 self._on_error_report(msg)
             case Welcome():

@@ -128,8 +128,8 @@ class Engine(Protocol):
 
     def remove_activity_listener(self, listener: ActivityListener) -> None: ...
 
-    def attach_observer(self, observer: EngineStatsObserver) -> None:
-        """Start forwarding per-iteration serving stats to ``observer``."""
+    def attach_observer(self, observer: EngineStatsObserver | None) -> None:
+        """Start forwarding per-iteration serving stats to ``observer`` (``None``: to nobody from now on)."""
         ...
 
     async def stage_weights(self, order: WeightOrder) -> None:

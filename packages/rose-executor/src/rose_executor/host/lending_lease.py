@@ -1,9 +1,9 @@
 """The record that a serving host is lent to one RL job: one lease file per serving endpoint on this host.
 
 Invariant: at most one live executor holds the lease of a serving endpoint (``host:port``), and its file
-names the holder (executor id, pid, the controller it registered with). An executor for the same endpoint
-started for another job finds the lease held by a live process and is refused with the holder's name, so a
-serving host is lent to at most one RL job. A lease whose holder died is stale and taken over. Created
+names the holder (executor id, pid, the controller address it lends to). That process serves the endpoint
+and lends it to one RL job at a time; another executor started for the same endpoint finds the lease held by
+a live process and is refused with the holder's name. A lease whose holder died is stale and taken over. Created
 atomically (``O_EXCL``), removed by its holder on the way out.
 """
 
@@ -87,7 +87,7 @@ class LendingLease:
 
 def _refusal(endpoint: str, holder: Holder) -> str:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.since))
-    return (f"the serving host {endpoint} is lent to the RL job of controller {holder.controller_id} "
-            f"({holder.controller}) by rose-executor {holder.executor_id} (pid {holder.pid}) since {since}: "
-            f"one RL job per serving host; take it back there first (rose-executor revoke {holder.executor_id}, "
-            "or stop it), or serve another endpoint (`port` under [serving])")
+    return (f"the serving host {endpoint} is held by rose-executor {holder.executor_id} (pid {holder.pid}) since "
+            f"{since}, which lends it to the RL jobs at {holder.controller}: one process lends a serving endpoint, "
+            f"to one RL job at a time; stop that one first (or take it back from its job: rose-executor revoke "
+            f"{holder.executor_id}), or serve another endpoint (`port` under [serving])")

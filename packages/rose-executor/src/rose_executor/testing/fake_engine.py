@@ -209,7 +209,7 @@ class FakeEngine:
         if listener in self.listeners:
             self.listeners.remove(listener)
 
-    def attach_observer(self, observer: EngineStatsObserver) -> None:
+    def attach_observer(self, observer: EngineStatsObserver | None) -> None:
         self._observer = observer
 
     async def stage_weights(self, order: WeightOrder) -> None:
@@ -262,6 +262,10 @@ class FakeEngine:
     async def openai_app(self, served_model_name: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""
         return _health_app
+
+    @property
+    def shut_down(self) -> bool:
+        return self._shut_down
 
     def shutdown(self) -> None:
         if self._shut_down:

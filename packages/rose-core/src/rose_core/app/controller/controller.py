@@ -64,10 +64,12 @@ Clock = Callable[[], float]
 
 class Controller:
     """``server``: the control endpoint to serve on (tests pass an ``InProcessServer``); by default a ZMQ
-    ``ControlServer`` bound to ``controller.host:port`` and keyed with ``secret``."""
+    ``ControlServer`` bound to ``controller.host:port`` and keyed with ``secret``. ``policy_model_dir``: the job's
+    policy, named in every ``Welcome`` (a standing serving host loads it for this job)."""
 
     def __init__(self, config: RunConfig, secret: bytes, controller_id: str = "controller",
-                 clock: Clock = time.monotonic, *, server: ServerEndpoint | None = None) -> None:
+                 clock: Clock = time.monotonic, *, server: ServerEndpoint | None = None,
+                 policy_model_dir: str = "") -> None:
         cc = config.controller
         self.config = config
         self.controller_id = controller_id
@@ -77,7 +79,7 @@ class Controller:
         self.address = self.server.address
         self.scheduler = ElasticScheduler(config.scheduler)
         self.stats = ControllerStats()
-        self.registry = ExecutorRegistry(self.server, self.scheduler, self.stats, cc, controller_id)
+        self.registry = ExecutorRegistry(self.server, self.scheduler, self.stats, cc, controller_id, policy_model_dir)
         self.executors = self.registry.executors
         self.dispatch = TurnDispatch(self.scheduler, self.registry, self.server, config, self.stats)
         self.borrowing = Borrowing(self.scheduler, self.executors, config.scheduler, self.stats)
@@ -176,8 +178,16 @@ class Controller:
         return moved
 
     def shutdown_executors(self, reason: str) -> Future[None]:
-        """Tell every executor to stop; done once all said Goodbye."""
+        """Tell every executor to stop (what the operator of the executors does: `rose run`, which started them);
+        done once all said Goodbye."""
         self.broadcast(Shutdown(reason=reason))
+        return self.all_gone()
+
+    def release_executors(self, reason: str) -> Future[None]:
+        """The job is done with every executor (a fleet's: serving hosts go on serving, and lend to the next
+        job); done once all said Goodbye."""
+        for rec in self.executors.values():
+            self.registry.release(rec, reason)
         return self.all_gone()
 
     def close(self) -> None:

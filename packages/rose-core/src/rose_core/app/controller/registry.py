@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class ExecutorRegistry:
     def __init__(self, server: ServerEndpoint, scheduler: ElasticScheduler, stats: ControllerStats,
-                 config: ControllerConfig, controller_id: str) -> None:
+                 config: ControllerConfig, controller_id: str, policy_model_dir: str = "") -> None:
         self.server = server
         self.scheduler = scheduler
         self.stats = stats
@@ -37,6 +37,11 @@ class ExecutorRegistry:
         self.executors: dict[str, ExecutorRecord] = {}
         self.peers: dict[bytes, str] = {}
         """Every peer that said Hello, and its kind (executor, observer)."""
+        self.released: set[str] = set()
+        """Executors this job released (``release``): their Hello is answered ``released``, not welcomed (a
+        serving host looks for its next job; this one is done with it)."""
+        self.policy_model_dir = policy_model_dir
+        """The job's policy (``Welcome.policy_model_dir``)."""
 
     # ---------------------------------------------------------------- the handshake
 
@@ -48,10 +53,14 @@ class ExecutorRegistry:
                 code="wrong_version",
                 message=f"peer speaks protocol {msg.protocol_version}, controller {m.PROTOCOL_VERSION}: upgrade to match"))
             return False
+        if msg.kind == "executor" and msg.peer_id in self.released:
+            self.server.send(peer, m.ErrorReport(code="released", message="this job released the executor"))
+            return False
         self.peers[peer] = msg.kind
         self.server.send(peer, m.Welcome(controller_id=self.controller_id,
                                        heartbeat_interval_s=self.config.heartbeat_interval_s,
-                                       stall_timeout_s=self.config.stall_timeout_s))
+                                       stall_timeout_s=self.config.stall_timeout_s,
+                                       policy_model_dir=self.policy_model_dir))
         return True
 
     def may_send(self, peer: bytes, msg: m.ToController, observers: Callable[[bytes], bool]) -> bool:
@@ -121,8 +130,9 @@ class ExecutorRegistry:
             self.update_gauge()
 
     def retire(self, executor_id: str, reason: str, now: float) -> int:
-        """Take an executor out of the job: its turns are re-routed, it is told to stop, nothing more is sent
-        to it. Returns how many turns moved."""
+        """Take an executor out of the job: its turns are re-routed, it is released (a serving host goes on
+        serving production; a dedicated executor stops), nothing more is sent to it. Returns how many turns
+        moved."""
         rec = self.executors.pop(executor_id, None)
         if rec is None:
             return 0
@@ -130,12 +140,17 @@ class ExecutorRegistry:
         self.stats.reroutes += len(moved)
         self.stats.retired[executor_id] = reason
         metrics.TURNS_REROUTED.labels("retired").inc(len(moved))
-        self.server.send(rec.peer, m.Shutdown(reason=f"taken out of the job: {reason}"))
+        self.release(rec, f"taken out of the job: {reason}")
         self.peers.pop(rec.peer, None)
         log.warning("executor %s taken out of the job (%s); %d turns re-routed; %d executors go on",
                     executor_id, reason, len(moved), len(self.executors))
         self.update_gauge()
         return len(moved)
+
+    def release(self, rec: ExecutorRecord, reason: str) -> None:
+        """Tell an executor the job is done with it (``Release``); it is not welcomed again."""
+        self.released.add(rec.executor_id)
+        self.server.send(rec.peer, m.Release(reason=reason))
 
     def mark_stalled(self, executor_ids: list[str], stall_timeout_s: float) -> None:
         for executor_id in executor_ids:

@@ -77,7 +77,7 @@ class Launch:
         cfg = self.config
         models = resolve_models(cfg)
         self.say(f"models: policy {models.policy}, serving {models.serving}")
-        self.controller = Controller(cfg, self.secret)
+        self.controller = Controller(cfg, self.secret, policy_model_dir=str(models.policy))
         self.loop = ControlLoop(self.controller)
         metrics_url = serve_metrics(cfg.controller.host, cfg.controller.metrics_port)
         self.publisher = load_publisher(cfg.weight_publisher, secret=weights_key(self.secret), host=cfg.controller.host,
@@ -200,7 +200,8 @@ class Launch:
             try:
                 loop = self.control_loop()
                 loop.watchdogs = []
-                loop.wait(self.controller.shutdown_executors("run finished"), time.monotonic() + 30)
+                ending = (self.controller.shutdown_executors if self.spawn else self.controller.release_executors)
+                loop.wait(ending("run finished"), time.monotonic() + 30)  # a fleet's serving hosts go on serving
             finally:
                 self.children.stop_all()
                 self.controller.close()
