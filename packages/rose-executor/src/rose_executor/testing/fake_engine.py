@@ -106,7 +106,8 @@ class FakeEngine:
         self._staging: asyncio.Future[StagedVersion] | None = None
         self._requests: dict[str, _Request] = {}
         self._paused = False
-        self._shut_down = False
+        self.shut_down = False
+        """Set by ``shutdown`` (tests check a rollout engine stopped at the end of a lease)."""
         self._step: Timer | None = None
         self._observer: EngineStatsObserver | None = None
         self._cache: set[tuple[int, ...]] = set()
@@ -116,7 +117,7 @@ class FakeEngine:
     async def generate(
         self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams
     ) -> GenerationOutput:
-        if self._shut_down:
+        if self.shut_down:
             raise RoseError(f"the {self.spec.purpose} engine is shut down")
         if request_id in self._requests:
             raise ValueError(f"request {request_id} is already running")
@@ -263,14 +264,10 @@ class FakeEngine:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""
         return _health_app
 
-    @property
-    def shut_down(self) -> bool:
-        return self._shut_down
-
     def shutdown(self) -> None:
-        if self._shut_down:
+        if self.shut_down:
             return
-        self._shut_down = True
+        self.shut_down = True
         for request in list(self._requests.values()):
             self._finish(request, "abort")
         if self._step is not None:
@@ -281,7 +278,7 @@ class FakeEngine:
 
     def _schedule_step(self) -> None:
         """Start the next step unless one runs, the engine is paused, or there is nothing to do."""
-        if self._step is not None or self._paused or self._shut_down or not self._requests:
+        if self._step is not None or self._paused or self.shut_down or not self._requests:
             return
         running = list(self._requests.values())[: self.spec.max_num_seqs]
         decodes = [r for r in running if not r.prefilling]
