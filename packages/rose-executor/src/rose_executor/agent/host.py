@@ -54,7 +54,7 @@ class HostPlan:
 
 @dataclass(slots=True)
 class Host:
-    """What ``build_host`` started (``None``: not on this role, or not started yet)."""
+    """What ``start_production`` and ``start_lending`` started (``None``: not on this role, or not now)."""
 
     plan: HostPlan
     launcher: EngineLauncher
