@@ -429,3 +429,43 @@ async def test_an_executor_whose_launcher_is_gone_stops_itself(config_path: Path
         await controller.quiet(0.2, lambda msg: isinstance(msg, Hello))
     finally:
         server.close()
+
+
+class FirstRolloutFails(FakeEngineLauncher):
+    """The first rollout engine does not start (a job's policy this host cannot load, memory taken)."""
+
+    failed = False
+
+    async def start(self, spec: EngineSpec) -> FakeEngine:
+        if spec.purpose == "rollout" and not self.failed:
+            self.failed = True
+            raise RoseError("the rollout engine ran out of memory")
+        return await super().start(spec)
+
+
+async def test_a_job_whose_rollout_engine_does_not_start_costs_production_nothing(
+    tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path
+) -> None:
+    """The lease ends at once (Goodbye naming why), production serves on, and the host lends itself again after
+    a wait (each failure in a row doubles it: a job whose engine never starts cannot cost a start a second)."""
+    path = write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles,
+                        lend_retry_s=0.5, **memory_settings(policy_dir, serving_dir))
+    launcher = FirstRolloutFails(MODELS)
+    server, peer, agent, task = start_agent(path, "ex-4", launcher)
+    try:
+        await peer.arrival(Hello, timeout=10)
+        peer.send(Welcome(controller_id="job-a", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        goodbye = await peer.arrival(Goodbye, timeout=30)
+        assert "did not start" in goodbye.reason and "ran out of memory" in goodbye.reason
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        assert (await launcher.engines[0].generate("prod-1", [3, 4, 5], params)).token_ids
+        assert not task.done()
+        await peer.arrival(Hello, timeout=10)  # after 0.5 s x 2
+        assert (agent.lent_to, agent.leases) == ("", 1)
+        peer.send(Welcome(controller_id="job-a", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        register = await peer.arrival(Register, timeout=30)
+        assert register.executor_id == "ex-4" and agent.lent_to == "job-a"
+    finally:
+        agent.request_stop("test over")
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+        server.close()

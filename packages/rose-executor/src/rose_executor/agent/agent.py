@@ -39,7 +39,14 @@ from rose_core.protocol.messages import Goodbye, Role, Welcome
 from rose_core.support.heap import freeze_startup_heap
 from rose_core.transport.loop_control_client import LoopControlClient
 from rose_executor.agent.controller_link import ClientFactory, ControllerLink
-from rose_executor.agent.host import Host, HostPlan, start_lending, start_production, stop_lending
+from rose_executor.agent.host import (
+    Host,
+    HostPlan,
+    give_turns_back,
+    start_lending,
+    start_production,
+    stop_lending,
+)
 from rose_executor.agent.load_report import host_state
 from rose_executor.agent.session import ControllerSession, NoWelcome, Refused
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
@@ -93,6 +100,8 @@ class ExecutorAgent:
         self.leases = 0
         """Leases that ended (jobs this host served and was released by)."""
         self.rejoins_before = 0
+        self._failed_starts = 0
+        """Leases in a row whose rollout side would not start (the next Hello waits longer each time)."""
 
     @property
     def executor_id(self) -> str:
@@ -145,6 +154,8 @@ class ExecutorAgent:
         that timed out: the Hello it queued reaches a controller that starts meanwhile; ``lend_retry_s`` after a
         refusal, such as ``released`` from the job that just ended)."""
         serving, last, host = self.options.role == "serving", "", self._host
+        if self._failed_starts:  # do not let a job whose engine will not start cost production a start a second
+            await _unless_stopped(self._stop, asyncio.sleep(min(300.0, self.config.lend_retry_s * 2 ** self._failed_starts)))
         while not self._stop.is_set() and not self._launcher_gone():
             session = ControllerSession(self._link(), self.executor_id, self.options.controller,
                                         self.config.welcome_timeout_s, lambda: host_state(host, self._stop.is_set()),
@@ -175,8 +186,17 @@ class ExecutorAgent:
         self._lease_over.clear()
         self._lease_reason = ""
         try:
-            await start_lending(host, _policy_dir(session.welcome, self.config.rollout.model_dir), session.link.send,
-                                self._revoke_on_pressure)
+            try:
+                await start_lending(host, _policy_dir(session.welcome, self.config.rollout.model_dir),
+                                    session.link.send, self._revoke_on_pressure)
+            except Exception as exc:
+                if self.options.role != "serving":
+                    raise
+                log.error("the job's rollout engine did not start (%s); the lease ends, serving goes on", exc)
+                self._lease_reason, self._failed_starts = f"the rollout side did not start: {exc}"[:500], \
+                    self._failed_starts + 1
+                return
+            self._failed_starts = 0
             session.host = host
             if not self._stop.is_set():
                 if self.options.freeze_heap and not self.leases:
@@ -282,11 +302,8 @@ class ExecutorAgent:
             await asyncio.gather(self._revoking, return_exceptions=True)
             self._revoking = None
         await asyncio.gather(*session.rejoin_aborts, return_exceptions=True)
-        if host is not None and host.runner is not None:
-            why = "shutdown" if self._stop.is_set() else "released"
-            host.runner.refuse(why)
-            aborted = await host.runner.abort_all(why)
-            log.info("gave back %d in-flight turns", aborted)
+        if host is not None:
+            await give_turns_back(host, "shutdown" if self._stop.is_set() else "released")
         session.link.send(Goodbye(peer_id=self.executor_id, reason=reason))
         if host is not None:
             await stop_lending(host)

