@@ -345,6 +345,24 @@ async def test_a_dead_rollout_engine_ends_the_lease_and_serving_goes_on(executor
     assert executor.agent.lent_to == "next-job" and executor.agent.leases == 1
 
 
+async def test_a_failure_in_the_leases_work_ends_the_lease_not_production(executor: TwinExecutor) -> None:
+    """A call into the job's rollout engine that raises (vLLM's engine core died under it) fails the guard's
+    loop: the lease ends, its turn comes back, production serves on and the host lends itself again."""
+    peer, rollout = executor.controller, executor.launcher.engines[1]
+
+    async def dead(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("EngineDeadError: the engine core died")
+
+    rollout.resume = dead  # type: ignore[method-assign]
+    peer.send(turn("t1"))
+    assert (await peer.arrival(TurnAborted, timeout=10, where=lambda a: a.turn_id == "t1")).reason == "released"
+    goodbye = await peer.arrival(Goodbye, timeout=10)
+    assert "the lease's work failed" in goodbye.reason and "EngineDeadError" in goodbye.reason
+    assert (await executor.serve([3, 4, 5], 4)).token_ids
+    await peer.arrival(Hello, timeout=10)
+    assert not executor.task.done() and rollout.shut_down
+
+
 async def test_a_dead_serving_engine_stops_the_executor_with_exit_1(executor: TwinExecutor) -> None:
     executor.serving.errored = True
     goodbye = await executor.controller.arrival(Goodbye, timeout=10)

@@ -100,8 +100,7 @@ class ExecutorAgent:
         self.leases = 0
         """Leases that ended (jobs this host served and was released by)."""
         self.rejoins_before = 0
-        self._failed_starts = 0
-        """Leases in a row whose rollout side would not start (the next Hello waits longer each time)."""
+        self._failed_starts = 0  # leases in a row whose rollout side would not start: each next Hello waits longer
 
     @property
     def executor_id(self) -> str:
@@ -251,8 +250,11 @@ class ExecutorAgent:
             done, _ = await asyncio.wait([*ends, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 failure = None if task in ends else task.exception()
-                if failure is not None:
+                if failure is not None and self.options.role != "serving":
                     raise failure
+                if failure is not None:  # the job's side failed (its engine died under a call): production stays
+                    log.error("the lease's work failed: %r", failure, exc_info=failure)
+                    self.end_lease(f"the lease's work failed: {failure!r}"[:500])
         finally:
             for task in [*ends, *tasks]:
                 task.cancel()
@@ -278,12 +280,11 @@ class ExecutorAgent:
     def _controller_gone(self) -> bool:
         """A serving host ends the lease once the link to its job's controller was down ``lease_expiry_s``."""
         session, expiry = self._session, self.config.lease_expiry_s
-        if self.options.role != "serving" or session is None or expiry <= 0:
-            return False
-        down = session.link.down_for(time.monotonic())
-        if down > expiry:
+        down = session.link.down_for(time.monotonic()) if session is not None else 0.0
+        if self.options.role == "serving" and 0 < expiry < down:
             self.end_lease(f"the job's controller is gone (no link for {down:.0f} s, lease_expiry_s)")
-        return down > expiry
+            return True
+        return False
 
     def _launcher_gone(self) -> bool:
         """Whether `rose run`, which started this executor, is gone (then stop: nothing else ever would)."""
@@ -298,10 +299,9 @@ class ExecutorAgent:
     async def _end_lease(self, session: ControllerSession, reason: str) -> None:
         """Give the turns back, say Goodbye, stop the job's rollout side, close the link."""
         host = self._host
-        if self._revoking is not None:
-            await asyncio.gather(self._revoking, return_exceptions=True)
-            self._revoking = None
-        await asyncio.gather(*session.rejoin_aborts, return_exceptions=True)
+        revoking = [self._revoking] if self._revoking is not None else []
+        await asyncio.gather(*revoking, *session.rejoin_aborts, return_exceptions=True)
+        self._revoking = None
         if host is not None:
             await give_turns_back(host, "shutdown" if self._stop.is_set() else "released")
         session.link.send(Goodbye(peer_id=self.executor_id, reason=reason))
