@@ -487,3 +487,26 @@ async def test_a_job_whose_rollout_engine_does_not_start_costs_production_nothin
         agent.request_stop("test over")
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
         server.close()
+
+
+async def test_a_hung_rollout_engine_ends_the_lease_within_its_call_timeout(
+    tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path
+) -> None:
+    """A rollout engine that stops answering (its process SIGSTOPped): the guard's next call into it times out
+    after ``rollout.call_timeout_s``, the lease ends naming the call, the engine is stopped, production serves
+    on. Without the bound the guard's loop waited forever."""
+    path = write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles,
+                        rollout={"call_timeout_s": 0.5}, **memory_settings(policy_dir, serving_dir))
+    async with twin(path) as executor:
+        peer, rollout = executor.controller, executor.launcher.engines[1]
+
+        async def hang(*_args: object, **_kwargs: object) -> None:
+            await asyncio.Event().wait()
+
+        rollout.resume = hang  # type: ignore[method-assign]
+        peer.send(turn("t1"))
+        goodbye = await peer.arrival(Goodbye, timeout=10)
+        assert "did not resume within 0.5 s (rollout.call_timeout_s): it hangs" in goodbye.reason
+        assert (await executor.serve([3, 4, 5], 4)).token_ids
+        await peer.arrival(Hello, timeout=10)
+        assert rollout.shut_down and not executor.task.done()

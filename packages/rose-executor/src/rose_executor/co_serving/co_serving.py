@@ -17,6 +17,7 @@ from collections.abc import Callable
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.policy import CoServingGuard, GuardSettings, GuardVerdict, LiveRequest, SloBudgets
 from rose_executor import metrics
+from rose_executor.engine.bounded_call import bounded
 from rose_executor.engine.clock import WALL_CLOCK, Clock
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.memory.serving_first_budget import ServingFirstBudget
@@ -85,11 +86,13 @@ class CoServing:
         engine_memory: EngineMemory | None = None,
         on_sustained_pressure: Callable[[float], None] | None = None,
         revoke_after_s: float = 0.0,
+        call_timeout_s: float = 60.0,
     ) -> None:
         """``clock``: the serving engine's (its ``live_requests`` stamps); ticks read ``now`` from it.
         ``engine_memory``: the rollout engine's memory, shared with the weight updater (default: its own).
         ``on_sustained_pressure`` is called once (with the seconds) when serving went ``revoke_after_s``
-        without headroom (0: never)."""
+        without headroom (0: never). ``call_timeout_s``: how long a pause or resume of the rollout engine may
+        take before it counts as hung (``EngineHung`` ends the guard's loop, and with it the lease)."""
         self.guard = guard
         self.serving = serving
         self.rollout = rollout
@@ -110,7 +113,8 @@ class CoServing:
         """Since when serving has had no headroom, without a break (None: it has headroom)."""
         self.on_sustained_pressure = on_sustained_pressure
         self.revoke_after_s = revoke_after_s
-        self.engine_memory = engine_memory or EngineMemory(rollout)
+        self.call_timeout_s = call_timeout_s
+        self.engine_memory = engine_memory or EngineMemory(rollout, call_timeout_s)
         self._restores_seen = self.engine_memory.restores
         self._last_tick: float | None = None
         self._wake = asyncio.Event()
@@ -137,7 +141,7 @@ class CoServing:
         check_ttft_floor(guard, slo, max(n for n, _ in profiles[0].prefill_points))
         return cls(guard, engines[0], engines[1], runner, config.slo.guard_interval_s, runner.memory,
                    engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure,
-                   revoke_after_s=config.slo.revoke_after_pressure_s)
+                   revoke_after_s=config.slo.revoke_after_pressure_s, call_timeout_s=config.rollout.call_timeout_s)
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
         self.feedback = feedback
@@ -241,12 +245,12 @@ class CoServing:
     async def _apply(self, verdict: GuardVerdict) -> None:
         run = verdict.run_rollout and self.active
         if not run and not self.paused:
-            await self.rollout.pause(keep_requests=True)
+            await bounded(self.rollout.pause(keep_requests=True), self.call_timeout_s, "pause")
             self.paused = True
             if self.active:
                 metrics.GUARD_HOLDS.inc()
         elif run and self.paused:
-            await self.rollout.resume()
+            await bounded(self.rollout.resume(), self.call_timeout_s, "resume")
             self.paused = False
         metrics.ROLLOUT_ENGINE_PAUSED.set(1 if self.paused else 0)
         metrics.ROLLOUT_ACTIVE.set(1 if self.active else 0)

@@ -19,14 +19,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from rose_executor import metrics
+from rose_executor.engine.bounded_call import bounded
 from rose_executor.engine.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
 
 
 class EngineMemory:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, call_timeout_s: float = 60.0) -> None:
+        """``call_timeout_s``: how long a release or restore may take before the engine counts as hung."""
         self.engine = engine
+        self.call_timeout_s = call_timeout_s
         self.released = False
         """The engine's memory is released (GPU sleep mode; never on CPU, where engines cannot release)."""
         self.restores = 0
@@ -46,7 +49,7 @@ class EngineMemory:
         async with self._lock:
             if self.released or self.held:
                 return False
-            await self.engine.release_memory()
+            await bounded(self.engine.release_memory(), self.call_timeout_s, "release its memory")
             self.released = True
         metrics.ROLLOUT_MEMORY_RELEASED.set(1)
         return True
@@ -58,7 +61,7 @@ class EngineMemory:
             if not self.released:
                 return False
             started = time.perf_counter()
-            await self.engine.restore_memory()
+            await bounded(self.engine.restore_memory(), self.call_timeout_s, "restore its memory")
             self.released = False
             self.restores += 1
         seconds = time.perf_counter() - started
