@@ -1,4 +1,4 @@
-"""`rose run --steps 12` with the demo's defaults, end to end: real vLLM CPU engines, real sockets, real trainer,
+"""`rose run --steps 18` with the demo's defaults, end to end: real vLLM CPU engines, real sockets, real trainer,
 real traffic; and the policy learns (a statistical assertion about reward, never a timing one)."""
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from rose_core.protocol.auth import EXECUTOR_KEY_PREFIX, OBSERVER_KEY_PREFIX, ex
 
 from .rose_run_support import run_report as rose_run
 
-STEPS = 12
+STEPS = 18
+"""The demo's own length. The reward climbs from its start (about -0.1) to a plateau (+0.2 to +0.4), and when
+the climb begins varies from run to run (step 6 to 11; the engines' sampling is not seeded): 12 steps ended
+inside a late climb (+0.083 once in CI, +0.021 for seed 7 of tools/learning_sweep.py), 18 steps end past it
+(live: +0.28 to +0.47 over 6 runs; the sweep's late seed: +0.22). docs/rl.md, "The integration test"."""
 FIRST_LAST = 4
 """Steps averaged at each end of the learning check."""
 MARGIN = 0.1
-"""What the last steps' mean reward must gain over the first's. Measured live with these defaults: +0.3 to +0.4
-(seeds 0 and 1, docs/rl.md); 48 trajectories at each end put the noise of the difference near 0.03."""
+"""What the last steps' mean reward must gain over the first's."""
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +141,8 @@ def test_the_policy_learns(run_report: dict) -> None:
 
 def test_held_out_maps_are_evaluated_every_sixth_step_and_the_ratios_reported(run_report: dict) -> None:
     evaluated = [s["step"] for s in run_report["steps"] if s["eval_success"] is not None]
-    assert evaluated == [6, 12]
+    assert evaluated == [6, 12, 18]
     for step in run_report["steps"]:
         assert 0.5 < step["train"]["behaviour_ratio_mean"] < 2.0, step["train"]
         assert 0.0 <= step["train"]["clip_fraction"] <= 1.0
-    assert "learning curve, 12 steps" in run_report["_stdout"]
+    assert f"learning curve, {STEPS} steps" in run_report["_stdout"]
