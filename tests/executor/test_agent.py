@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ from rose_core.protocol.messages import (
 )
 from rose_core.protocol.wire import Framer
 from rose_core.support.metrics import free_port
+from rose_core.support.metrics_server import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from rose_transfer import SparsePublisher
 from rose_transfer.wire.loop_thread import LoopThread
 
@@ -298,6 +300,49 @@ def test_prometheus_metrics(executor: Executor) -> None:
     assert samples["rose_executor_rollout_prefix_hit_tokens_total"] > 0
     assert 0 < samples["rose_executor_rollout_prefix_hit_ratio"] < 1
     assert samples["rose_executor_guard_holds_total"] >= 1  # serving traffic under a 1 us SLO held the rollout
+
+
+def test_idle_connections_to_the_metrics_endpoint_cost_production_no_threads(executor: Executor) -> None:
+    """2,000 connections held open and silent on the serving host's metrics endpoint (a scanner, a hostile peer)
+    grow the production process by at most ``MAX_CONNECTIONS`` threads, and production requests are answered
+    all the while (their latency beside the unloaded one is printed; no timed assertion)."""
+    host_process = psutil.Process(executor.process.pid)
+    client = openai.OpenAI(base_url=executor.register.serving_endpoint, api_key="unused", max_retries=0)
+
+    def answered_in() -> float:
+        started = time.perf_counter()
+        done = client.completions.create(model="prod", prompt=[5, 6, 7], max_tokens=4, temperature=0.0)
+        assert done.usage is not None and done.usage.completion_tokens >= 1
+        return time.perf_counter() - started
+
+    alone = sorted(answered_in() for _ in range(5))[2]
+    threads_before = host_process.num_threads()
+    address = executor.register.metrics_endpoint.removeprefix("http://").split("/")[0].rsplit(":", 1)
+    held: list[socket.socket] = []
+    refused_before = metric_samples(executor)["rose_metrics_refused_connections_total"]
+    holding = time.monotonic()
+    try:
+        for _ in range(2000):
+            held.append(socket.create_connection((address[0], int(address[1])), timeout=10))
+        most = max(host_process.num_threads() for _ in range(20))
+        loaded = sorted(answered_in() for _ in range(5))[2]
+        most = max(most, host_process.num_threads())
+        held_s = time.monotonic() - holding
+    finally:
+        for s in held:
+            s.close()
+    print(f"\nproduction completion, median of 5: {alone * 1e3:.0f} ms alone, {loaded * 1e3:.0f} ms with 2,000 idle "
+          f"metrics connections; threads {threads_before} -> at most {most}")
+    assert most - threads_before <= MAX_CONNECTIONS
+    deadline = time.monotonic() + 15
+    while True:  # the endpoint answers again once the held slots are closed or timed out
+        with contextlib.suppress(httpx.TransportError):
+            if "rose_metrics_refused_connections_total" in httpx.get(executor.register.metrics_endpoint).text:
+                break
+        assert time.monotonic() < deadline, "the metrics endpoint did not answer again"
+        time.sleep(0.2)
+    served = MAX_CONNECTIONS * (1 + int(held_s / REQUEST_TIMEOUT_S))  # each slot frees after the timeout at most
+    assert metric_samples(executor)["rose_metrics_refused_connections_total"] - refused_before >= 2000 - served
 
 
 def test_a_replayed_controller_message_is_rejected_and_counted(executor: Executor) -> None:

@@ -104,6 +104,9 @@ ROLLOUT = '[rollout]\nmodel_dir = "p"\n'
         (ROLLOUT + "memory_fraction = 0\n", r"field `rollout`: `memory_fraction` must be in \(0, 0.95\]"),
         ("kv_cache_gib = -1\n" + ROLLOUT, "`kv_cache_gib` must be >= 0"),
         ('serving_memory_fraction = 0.5\n' + ROLLOUT, r"`serving_memory_fraction` has moved: write it as `memory_fraction` under \[serving\]"),
+        (ROLLOUT + '[serving]\nssl_certfile = "c.pem"\n', "`ssl_certfile` and `ssl_keyfile` go together"),
+        (ROLLOUT + '[serving]\nssl_ca_certs = "ca.pem"\n', "`ssl_ca_certs` needs HTTPS"),
+        (ROLLOUT + "[serving]\nmax_concurrency = -1\n", "`max_concurrency` must be >= 0"),
     ],
 )
 def test_device_settings_out_of_range_name_the_field(settings: str, message: str) -> None:
@@ -121,6 +124,23 @@ def test_a_serving_host_keeps_both_memory_fractions_under_0_95(tmp_path: Path) -
         over.check_role("serving")
     over.check_role("dedicated")  # a dedicated host runs only the rollout engine
     config(model, ServingSection(model_dir=model, memory_fraction=0.65)).check_role("serving")
+
+
+def test_a_serving_hosts_key_and_tls_files_are_checked_at_start(tmp_path: Path) -> None:
+    """``check_role`` reads the API key file and checks the TLS files, so a typo stops the host before its
+    engines load, with the setting named."""
+    (tmp_path / "config.json").write_text("{}")
+    model, key = str(tmp_path), tmp_path / "key"
+    with pytest.raises(ConfigError, match=r"`api_key_file` .*/key: No such file or directory: fix the path"):
+        config(model, ServingSection(model_dir=model, api_key_file=str(key))).check_role("serving")
+    key.write_text("\n")
+    with pytest.raises(ConfigError, match="is empty: write the key into it"):
+        config(model, ServingSection(model_dir=model, api_key_file=str(key))).check_role("serving")
+    key.write_text(" sk-prod\n")
+    assert ServingSection(model_dir=model, api_key_file=str(key)).api_key() == "sk-prod"
+    with pytest.raises(ConfigError, match=r"`ssl_keyfile` .*/absent\.pem cannot be read"):
+        config(model, ServingSection(model_dir=model, ssl_certfile=str(key), ssl_keyfile=str(tmp_path / "absent.pem"))
+               ).check_role("serving")
 
 
 @pytest.mark.parametrize(

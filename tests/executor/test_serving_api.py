@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import ipaddress
 import logging
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -12,10 +16,14 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from rose_core.support.errors import RoseError
 from rose_executor.engine.vllm_engine import VllmEngine
-from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -125,3 +133,65 @@ async def test_mounting_vllms_app_leaves_the_executors_log_level_alone(serving_e
         assert logging.root.level == 15
     finally:
         logging.root.setLevel(before)
+
+
+def self_signed(root: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key (PEM files)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = root / "cert.pem", root / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_the_endpoint_asks_for_its_key_speaks_tls_and_caps_concurrency(
+    serving_engine: VllmEngine, tmp_path: Path
+) -> None:
+    """``[serving]`` api_key_file, ssl_certfile / ssl_keyfile and max_concurrency (EndpointOptions) reach vLLM's
+    app and uvicorn: a wrong key gets 401, plain HTTP gets no answer, and a request past the limit gets 503."""
+    cert, key = self_signed(tmp_path)
+    options = EndpointOptions(api_key="sk-prod", ssl_certfile=str(cert), ssl_keyfile=str(key), max_concurrency=2)
+    guarded = OpenAIServer("127.0.0.1", 0, options)
+    await guarded.start(serving_engine, MODEL)
+    trust = ssl.create_default_context(cafile=str(cert))
+    try:
+        assert guarded.base_url.startswith("https://127.0.0.1:")
+        async with httpx.AsyncClient(verify=trust) as http:
+            right = openai.AsyncOpenAI(base_url=guarded.base_url, api_key="sk-prod", http_client=http, max_retries=0)
+            assert [m.id for m in (await right.models.list()).data] == [MODEL]
+            wrong = openai.AsyncOpenAI(base_url=guarded.base_url, api_key="sk-other", http_client=http, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.models.list()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(guarded.base_url.replace("https://", "http://") + "/models", timeout=5)
+        _, held = await asyncio.open_connection("127.0.0.1", guarded.port, ssl=trust)  # TLS done: one open
+        try:
+            async with httpx.AsyncClient(verify=trust) as http:  # ours is the limit's second connection
+                refused = await until_status(http, guarded.base_url + "/models", 503)
+        finally:
+            held.close()
+        assert refused.status_code == 503
+        async with httpx.AsyncClient(verify=trust) as http:  # the held connection closed: served again
+            assert (await until_status(http, guarded.base_url + "/models", 200)).status_code == 200
+    finally:
+        await guarded.stop()
+
+
+async def until_status(http: httpx.AsyncClient, url: str, status: int, deadline_s: float = 10.0) -> httpx.Response:
+    """GET ``url`` until it answers ``status`` (the server learns of a new connection a moment after it opens)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        response = await http.get(url, headers={"Authorization": "Bearer sk-prod"})
+        if response.status_code == status or time.monotonic() > end:
+            return response
+        await asyncio.sleep(0.1)

@@ -53,11 +53,48 @@ class ServingSection(ConfigSection):
     """GPU: the share of each device the serving engine takes (vLLM's gpu_memory_utilization: weights,
     activations, CUDA graphs, KV cache). Ignored on CPU."""
     max_num_seqs: int = 32
+    api_key_file: str = ""
+    """A file holding the key clients must send as ``Authorization: Bearer KEY`` on ``/v1`` (vLLM's --api-key;
+    ``/health`` and ``/metrics`` stay open). Empty: no key."""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    """Serve HTTPS with this PEM certificate and key (vLLM's --ssl-certfile / --ssl-keyfile): both or neither."""
+    ssl_ca_certs: str = ""
+    """With HTTPS: clients must present a certificate signed by these CAs (mutual TLS)."""
+    max_concurrency: int = 0
+    """Connections and requests served at once; past it a request is answered 503 at once (uvicorn's
+    limit_concurrency). 0: no limit."""
 
     def __post_init__(self) -> None:
         require_port(port=self.port)
         require_positive(max_num_seqs=self.max_num_seqs)
+        require_non_negative(max_concurrency=self.max_concurrency)
         _require_memory_fraction(memory_fraction=self.memory_fraction)
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("`ssl_certfile` and `ssl_keyfile` go together: set both (HTTPS) or neither")
+        if self.ssl_ca_certs and not self.ssl_certfile:
+            raise ValueError("`ssl_ca_certs` needs HTTPS: set `ssl_certfile` and `ssl_keyfile` too")
+
+    def api_key(self) -> str:
+        """The key in ``api_key_file`` (surrounding whitespace dropped); "" when none is set. ``ConfigError``
+        naming the file when it cannot be read or is empty."""
+        if not self.api_key_file:
+            return ""
+        try:
+            key = Path(self.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"[serving] `api_key_file` {self.api_key_file}: {exc.strerror}: fix the path") from exc
+        if not key:
+            raise ConfigError(f"[serving] `api_key_file` {self.api_key_file} is empty: write the key into it")
+        return key
+
+    def check_files(self) -> None:
+        """``ConfigError`` naming the setting when a file it names cannot be read."""
+        self.api_key()
+        for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"[serving] `{name}` {path} cannot be read: fix the path or its permissions")
 
 
 MAX_ROLLOUT_CAPACITY = 4096
@@ -217,6 +254,7 @@ class ExecutorConfig(ConfigSection):
         if not self.serving.model_dir:
             raise ConfigError("role `serving` needs `model_dir` under [serving] in the executor config")
         _require_model("serving.model_dir", self.serving.model_dir)
+        self.serving.check_files()
 
 
 MOVED = {

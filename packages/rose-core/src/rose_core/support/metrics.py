@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 
 from rose_core.support.errors import RoseError
+from rose_core.support.metrics_server import start_metrics_server
 
 REJECTED_MESSAGES = Counter(
     "rose_rejected_messages_total",
@@ -27,14 +28,14 @@ for _reason in ("peer_full", "peer_gone"):
 
 
 def serve_metrics(host: str, port: int) -> str:
-    """Start the metrics endpoint of this process; returns its URL. Port 0 picks a free port."""
-    if port == 0:
-        port = free_port(host)
+    """Start the metrics endpoint of this process (bounded: ``rose_core.support.metrics_server``); returns its
+    URL. Port 0 picks a free port."""
     try:
-        start_http_server(port, addr=host)
+        server = start_metrics_server(host, port)
     except OSError as exc:
         raise RoseError(f"metrics port {host}:{port} is busy ({exc.strerror}); pick another with --metrics-port") from exc
-    return f"http://{host}:{port}/metrics"
+    bound = int(server.server_address[1])
+    return f"http://[{host}]:{bound}/metrics" if ":" in host else f"http://{host}:{bound}/metrics"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -32,7 +32,7 @@ from rose_executor.profile.latency_profile import load_or_profile
 from rose_executor.profile.model_info import describe_model
 from rose_executor.rollout.engine_memory import EngineMemory
 from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
-from rose_executor.serving.openai_server import OpenAIServer
+from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
 from rose_executor.weights.weight_updater import WeightUpdater
 
@@ -89,7 +89,7 @@ class Host:
         host = self.server.host
         if host in ("0.0.0.0", "::", ""):
             host = self.plan.config.advertise_host
-        return f"http://{host}:{self.server.port}/v1"
+        return f"{self.server.scheme}://{host}:{self.server.port}/v1"
 
     async def stop(self) -> None:
         """Stop the endpoint and release the lease, then every engine (in parallel), then the launcher."""
@@ -112,7 +112,7 @@ async def start_production(host: Host) -> None:
     """A serving host's production, which no RL job starts or stops: the lease of its endpoint (one process lends
     it), the serving engine, vLLM's OpenAI app serving it."""
     cfg = host.plan.config
-    host.server = OpenAIServer(cfg.serving.host, cfg.serving.port)
+    host.server = OpenAIServer(cfg.serving.host, cfg.serving.port, EndpointOptions.of(cfg.serving))
     if cfg.serving.port:
         _take_lease(host, f"{cfg.serving.host}:{cfg.serving.port}")  # before the bind: name the holder
     host.server.reserve()

@@ -146,8 +146,9 @@ class Engine(Protocol):
         """Drop a staged version that will not be committed."""
         ...
 
-    async def openai_app(self, served_model_name: str = "") -> Any:
-        """An OpenAI-compatible ASGI app bound to this engine (vLLM's own FastAPI app), not yet listening."""
+    async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
+        """An OpenAI-compatible ASGI app bound to this engine (vLLM's own FastAPI app), not yet listening; with
+        ``api_key``, its ``/v1`` routes require it."""
         ...
 
     def shutdown(self) -> None:

@@ -293,8 +293,9 @@ class VllmEngine:
 
     # ---------------------------------------------------------------- serving API
 
-    async def openai_app(self, served_model_name: str = "") -> Any:
-        """vLLM's own OpenAI-compatible FastAPI app, bound to this engine (not yet listening)."""
+    async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
+        """vLLM's own OpenAI-compatible FastAPI app, bound to this engine (not yet listening); with ``api_key``,
+        its ``/v1`` routes answer 401 to a client that does not send it (vLLM's --api-key)."""
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.app import build_app
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -302,6 +303,7 @@ class VllmEngine:
 
         name = served_model_name or self.spec.name
         argv = ["--model", str(self.spec.model_dir), "--served-model-name", name, "--disable-log-stats"]
+        argv += ["--api-key", api_key] if api_key else []
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)  # type: ignore[no-untyped-call]
         llm = self.llm
         tasks = await llm.get_supported_tasks()

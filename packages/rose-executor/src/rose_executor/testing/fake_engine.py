@@ -260,7 +260,7 @@ class FakeEngine:
         elif staging.exception() is None:
             staging.result().discard()
 
-    async def openai_app(self, served_model_name: str = "") -> Any:
+    async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""
         return _health_app
 
