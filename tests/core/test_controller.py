@@ -417,7 +417,8 @@ def test_serving_executors_are_borrowed_at_job_start_lowest_kv_use_first(clock: 
 
 def test_a_revoked_executor_gives_its_turns_back_and_the_next_one_is_borrowed(clock: FakeClock) -> None:
     """Its heartbeat says revoked: its turns are re-routed and cancelled there, it is never borrowed again,
-    the freed slot goes to the other serving executor; nothing is lost or accepted twice."""
+    the freed slot goes to the other serving executor; nothing is lost or accepted twice. Its Goodbye (the
+    lease ends) is counted as a departure, and this job does not welcome it again."""
     got: list[m.FromController] = []
     cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0),
                     scheduler=SchedulerConfig(max_borrowed_workers=1, borrow_after_s=0.0))
@@ -442,6 +443,13 @@ def test_a_revoked_executor_gives_its_turns_back_and_the_next_one_is_borrowed(cl
             s1.send(result(request, "s1"))  # finished there anyway: discarded
             ctl.pump(0)
             assert ctl.stats.late_results == 1 and ctl.stats.reroutes == 1
+            s1.send(m.Goodbye(peer_id="s1", reason="revoked: the serving owner sent SIGUSR1"))  # the lease ends
+            ctl.pump(0)
+            assert "s1" not in ctl.executors and ctl.stats.left == {"s1": "revoked: the serving owner sent SIGUSR1"}
+            got.clear()
+            s1.send(m.Hello(peer_id="s1", kind="executor"))  # the host looks for a job: not this one again
+            ctl.pump(0)
+            assert [msg.code for msg in got if isinstance(msg, m.ErrorReport)] == ["released"]
     finally:
         ctl.close()
 

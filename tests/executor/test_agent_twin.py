@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 import torch
+from prometheus_client import REGISTRY
 
 from rose_core.config.executor_config import load_executor_config
 from rose_core.policy import LatencyModel
@@ -48,6 +49,8 @@ from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
 from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
+from rose_executor.host.device import Device
+from rose_executor.memory.serving_first_budget import serving_host_bytes
 from rose_executor.testing.fake_engine import FakeEngine, FakeEngineLauncher
 from rose_transfer import SparsePublisher
 
@@ -236,10 +239,22 @@ async def test_memory_cut_aborts_and_freezes_until_the_next_step(executor: TwinE
     await peer.arrival(TurnResult, where=lambda r: r.turn_id == "m4")
 
 
-async def test_sigusr1_revokes_the_host_its_turns_come_back_and_serving_goes_on(executor: TwinExecutor) -> None:
+def lease_gauges() -> tuple[float, float, float]:
+    """The host's lease metrics: lent (1 or 0), the rollout engine's bytes, serving's budget in bytes."""
+    names = ("rose_executor_lease_active", "rose_executor_rollout_engine_bytes", "rose_executor_serving_budget_bytes")
+    return tuple(REGISTRY.get_sample_value(name) or 0.0 for name in names)  # type: ignore[return-value]
+
+
+async def test_sigusr1_revokes_the_host_its_turns_come_back_the_lease_ends_and_serving_goes_on(
+    executor: TwinExecutor, config_path: Path
+) -> None:
     """The serving owner's signal: a heartbeat saying ``revoked`` comes first (the controller re-routes on it),
-    then the turn in flight comes back as ``revoked``; later turns are refused; serving still answers."""
-    peer = executor.controller
+    then the turn in flight comes back as ``revoked`` and the lease ends (Goodbye, the rollout engine stopped,
+    its memory back to serving); serving answers throughout and the host looks for its next job."""
+    peer, (serving, rollout) = executor.controller, executor.launcher.engines
+    whole = serving_host_bytes(load_executor_config(config_path), Device("cpu"))
+    lent = lease_gauges()
+    assert lent[0] == 1 and lent[1] > 0 and lent[2] == max(0, whole - lent[1])
     peer.send(turn("r1", sampling=LONG))
     await peer.arrival(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
     os.kill(os.getpid(), signal.SIGUSR1)
@@ -247,11 +262,13 @@ async def test_sigusr1_revokes_the_host_its_turns_come_back_and_serving_goes_on(
     assert beat.load.state == "revoked"
     given_back = await peer.arrival(TurnAborted, timeout=5, where=lambda a: a.turn_id == "r1")
     assert given_back.reason == "revoked"
-    peer.send(turn("r2"))
-    assert (await peer.arrival(TurnAborted, timeout=5, where=lambda a: a.turn_id == "r2")).reason == "revoked"
+    goodbye = await peer.arrival(Goodbye, timeout=10)
+    assert goodbye.reason == "revoked: the serving owner sent SIGUSR1 (rose-executor revoke)"
     assert len((await executor.serve([3, 4, 5], 4)).token_ids) == 4
-    later = await peer.arrival(Heartbeat, timeout=5)
-    assert later.load.revoked and later.load.rollout_aborted_total >= 2 and later.load.rollout_budget_bytes > 0
+    await peer.arrival(Hello, timeout=10)  # whether this job takes it again is the job's call: it does not
+    assert rollout.shut_down and not serving.shut_down
+    assert lease_gauges() == (0, 0, whole)  # no lease, no rollout engine memory, serving's whole share
+    assert (executor.agent.lent_to, executor.agent.leases) == ("", 1) and not executor.task.done()
 
 
 async def test_a_serving_host_lent_to_one_job_refuses_a_second_and_names_the_holder(

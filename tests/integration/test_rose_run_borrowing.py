@@ -1,6 +1,7 @@
 """`rose run` with two serving executors under production traffic of different size: the less loaded one is
 borrowed first (one borrowing slot); its serving owner revokes it mid-step (`rose-executor revoke`): its turns
-are re-routed, the other serving executor is borrowed into the freed slot, nothing is lost or counted twice.
+are re-routed, its lease ends (it leaves the job, serving on), the other serving executor is borrowed into the
+freed slot, nothing is lost or counted twice.
 Real vLLM CPU engines, real sockets, real traffic, a real signal.
 
 Which one is "less loaded" is the executors' time-averaged KV use, a measurement of Poisson traffic: with a
@@ -85,15 +86,18 @@ def test_a_revocation_mid_step_reroutes_its_turns_and_frees_the_slot(run_report:
     assert events == [("borrowed", first), ("revoked", first), ("borrowed", other)], events
     revoked = run_report["borrowing"][1]
     by_id = {e["executor_id"]: e for e in run_report["executors"]}
-    assert by_id[first]["revoked"] and not by_id[first]["borrowed"]
+    assert first not in by_id  # the revocation ended its lease: it left the job (and was not welcomed again)
+    assert run_report["left_executors"][first] == "revoked: the serving owner sent SIGUSR1 (rose-executor revoke)"
     assert by_id[other]["borrowed"] and not by_id[other]["revoked"]
     assert run_report["turns_rerouted"] >= revoked["turns_rerouted"]
     # (whether serving-0 runs turns when borrowed depends on its headroom: it carries ten elevenths of the traffic)
 
 
 def test_serving_goes_on_on_the_revoked_executor(run_report: dict) -> None:
+    """Its lease ended (the rollout engine stopped, its memory back to serving); production never stopped."""
     assert run_report["serving_failed_requests"] == 0
-    assert "revoked: the serving owner sent SIGUSR1" in run_report["_log_files"][f"executor-{run_report['_revoked']}"]
+    log = run_report["_log_files"][f"executor-{run_report['_revoked']}"]
+    assert "revoked: the serving owner sent SIGUSR1" in log and "rollout engine stopped in" in log
 
 
 def test_the_report_says_what_co_serving_did_per_executor(run_report: dict) -> None:

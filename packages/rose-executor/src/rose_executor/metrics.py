@@ -106,3 +106,20 @@ ROLLOUT_MEMORY_RELEASED = Gauge(
     "rose_executor_rollout_memory_released",
     "1 while the inactive rollout engine's device memory is released (GPU, sleep mode).",
 )
+LEASE_ACTIVE = Gauge(
+    "rose_executor_lease_active",
+    "1 while this host is lent to an RL job (its rollout engine running), 0 while it serves alone.",
+)
+LEASES_ENDED = Counter(
+    "rose_executor_leases_ended_total",
+    "Leases to RL jobs that ended (released, revoked, the controller gone, the rollout engine dead or hung, ...).",
+)
+ROLLOUT_ENGINE_BYTES = Gauge(
+    "rose_executor_rollout_engine_bytes",
+    "Memory the lent job's rollout engine holds (its weights and KV cache; on GPU its memory fraction); 0 between "
+    "leases.",
+)
+SERVING_BUDGET_BYTES = Gauge(
+    "rose_executor_serving_budget_bytes",
+    "Memory serving may use: the host's share less what a lent rollout engine holds; the whole share between leases.",
+)

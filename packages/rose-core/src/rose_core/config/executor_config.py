@@ -151,7 +151,7 @@ class GuardSlo(SloConfig):
     serving with the slower of the two profiles (the engines time-slice one device)."""
     revoke_after_pressure_s: float = 120.0
     """Serving role: after this long without SLO headroom (no break) the executor revokes itself: it gives its
-    rollout turns back and takes no more in this job (also ``rose-executor revoke`` or SIGUSR1); 0: never."""
+    rollout turns back and ends the lease with this job (also ``rose-executor revoke`` or SIGUSR1); 0: never."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -16,7 +16,8 @@ another started for the same endpoint is refused with the holder's name.
 Revocation (serving role): SIGUSR1 (``rose-executor revoke``), or serving without SLO headroom for
 ``revoke_after_pressure_s``, takes the host back from the RL job: a heartbeat saying ``revoked`` goes out at
 once (the controller re-routes this host's turns and borrows no more of it), then every in-flight turn is
-given back (``revoked``); serving goes on, and every later turn of that job is refused.
+given back (``revoked``) and the lease ends (Goodbye ``revoked: ...``, the rollout engine stopped). Serving
+goes on; that job does not welcome the host again, the next job does.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,7 @@ from rose_executor.agent.load_report import host_state
 from rose_executor.agent.session import ControllerSession, NoWelcome, Refused
 from rose_executor.engine.engine_launcher import EngineLauncher, VllmLauncher
 from rose_executor.host.device import resolve_device
+from rose_executor.rollout.rollout_runner import RolloutRunner
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ class ExecutorAgent:
         self._session: ControllerSession | None = None
         """The current lease's (``None`` between leases)."""
         self._host: Host | None = None
-        self._revoking: asyncio.Task[int] | None = None
+        self._revoking: asyncio.Task[None] | None = None
         self.lent_to = ""
         """The controller id of the job holding the lease ("" while lent to none)."""
         self.leases = 0
@@ -231,9 +233,9 @@ class ExecutorAgent:
         if runner is None or runner.revoked or self._session is None:
             return
         runner.revoked = True
-        log.warning("revoked: %s; giving every rollout turn back, serving goes on", why)
+        log.warning("revoked: %s; giving every rollout turn back and ending the lease, serving goes on", why)
         self._session.send_heartbeat()  # the controller re-routes before the turns come back one by one
-        self._revoking = asyncio.get_running_loop().create_task(runner.revoke())
+        self._revoking = asyncio.get_running_loop().create_task(_give_back_and_end(runner, self.end_lease, why))
 
     def _revoke_on_pressure(self, seconds: float) -> None:
         self.revoke(f"serving had no SLO headroom for {seconds:.0f} s (revoke_after_pressure_s)")
@@ -322,6 +324,12 @@ class ExecutorAgent:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
+
+
+async def _give_back_and_end(runner: RolloutRunner, end_lease: Callable[[str], None], why: str) -> None:
+    """A revocation: every turn in flight given back, then the lease ends."""
+    await runner.revoke()
+    end_lease(f"revoked: {why}")
 
 
 async def _unless_stopped(stop: asyncio.Event, work: Coroutine[Any, Any, Welcome | None]) -> Welcome | None:

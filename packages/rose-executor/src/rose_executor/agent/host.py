@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import Register, Role
+from rose_executor import metrics
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.engine.engine_launcher import EngineLauncher
 from rose_executor.engine.engine_protocol import Engine
@@ -26,7 +27,7 @@ from rose_executor.engine.engine_settings import engine_spec_for
 from rose_executor.engine.engine_spec import Purpose
 from rose_executor.host.device import Device, describe_device
 from rose_executor.host.lending_lease import Holder, LendingLease
-from rose_executor.memory.serving_first_budget import memory_budget
+from rose_executor.memory.serving_first_budget import memory_budget, rollout_engine_bytes, serving_host_bytes
 from rose_executor.profile.colocated_profile import load_or_profile_colocated
 from rose_executor.profile.latency_profile import load_or_profile
 from rose_executor.profile.model_info import describe_model
@@ -120,6 +121,7 @@ async def start_production(host: Host) -> None:
         _take_lease(host, f"{cfg.serving.host}:{host.server.port}")
     host.serving = await _start_engine(host, cfg.serving.model_dir, "serving")
     await host.server.start(host.serving, cfg.serving.model_name)
+    _report_lease(host, lent_bytes=0)
 
 
 async def start_lending(host: Host, model_dir: str, send: Reply,
@@ -131,6 +133,7 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     plan, cfg = host.plan, host.plan.config
     host.rollout_model_dir = model_dir
     rollout = host.rollout = await _start_engine(host, model_dir, "rollout")
+    _report_lease(host, lent_bytes=rollout_engine_bytes(cfg, plan.device, model_dir))
     memory = memory_budget(cfg, plan.device) if host.serving is not None else None
     host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=0,
                                 guarded=host.serving is not None, memory=memory)
@@ -166,6 +169,19 @@ async def stop_lending(host: Host) -> None:
         started = time.perf_counter()
         await asyncio.to_thread(rollout.shutdown)
         log.info("rollout engine stopped in %.1f s; serving goes on alone", time.perf_counter() - started)
+        metrics.LEASES_ENDED.inc()
+    _report_lease(host, lent_bytes=0)
+
+
+def _report_lease(host: Host, lent_bytes: int) -> None:
+    """The lease gauges: lent or not, what the rollout engine holds, what serving may use (its whole share
+    between leases); the rollout budget is 0 between leases."""
+    metrics.LEASE_ACTIVE.set(1 if lent_bytes else 0)
+    metrics.ROLLOUT_ENGINE_BYTES.set(lent_bytes)
+    if not lent_bytes:
+        metrics.ROLLOUT_BUDGET_BYTES.set(0)
+    if host.serving is not None:
+        metrics.SERVING_BUDGET_BYTES.set(max(0, serving_host_bytes(host.plan.config, host.plan.device) - lent_bytes))
 
 
 def _take_lease(host: Host, endpoint: str) -> None:

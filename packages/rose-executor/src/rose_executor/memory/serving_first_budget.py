@@ -92,7 +92,7 @@ def memory_budget(config: ExecutorConfig, device: Device | None = None) -> Servi
     ``device``, the CPU when None)."""
     serving = footprint(config.serving.model_dir, config.dtype)
     rollout = footprint(config.rollout.model_dir, config.dtype)
-    share = config.memory.device_bytes or host_share(config, serving, rollout, device or Device("cpu"))
+    share = serving_host_bytes(config, device or Device("cpu"))
     log.info("serving-first memory: %.1f MB for serving + rollout (%s); budget enforced by admission",
              share / 1e6, "[memory] device_bytes" if config.memory.device_bytes else "derived from the engines' shares")
     policy = MemoryPolicyConfig(
@@ -112,6 +112,22 @@ def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFo
         return int(describe_device(device).memory_bytes * fractions)
     kv_gib = config.kv_cache_gib or CPU_KV_CACHE_GIB
     return serving.weight_bytes + rollout.weight_bytes + 2 * int(kv_gib * 2**30)
+
+
+def rollout_engine_bytes(config: ExecutorConfig, device: Device, model_dir: str) -> int:
+    """What a rollout engine on ``model_dir`` is given: on GPU its memory fraction of the devices, on CPU its
+    weights and its KV cache."""
+    if device.on_gpu:
+        return int(describe_device(device).memory_bytes * config.rollout.memory_fraction)
+    kv_gib = config.kv_cache_gib or CPU_KV_CACHE_GIB
+    return footprint(model_dir, config.dtype).weight_bytes + int(kv_gib * 2**30)
+
+
+def serving_host_bytes(config: ExecutorConfig, device: Device) -> int:
+    """A serving host's share for both engines (``[memory] device_bytes``, or derived: ``host_share``)."""
+    serving = footprint(config.serving.model_dir, config.dtype)
+    rollout = footprint(config.rollout.model_dir, config.dtype)
+    return config.memory.device_bytes or host_share(config, serving, rollout, device)
 
 
 def footprint(model_dir: str, dtype: str) -> ModelFootprint:

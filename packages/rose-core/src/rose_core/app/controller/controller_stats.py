@@ -1,5 +1,5 @@
 """What the controller counts over a job: turns by pool, re-routes and why, late and refused results, turns
-given up, retired executors."""
+given up, retired executors and those that left."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ class ControllerStats:
     """Turns that failed on executors more often than ``scheduler.turn_retries`` allows (trajectories dropped)."""
     retired: dict[str, str] = field(default_factory=dict)
     """Executors taken out of the job, and why."""
+    left: dict[str, str] = field(default_factory=dict)
+    """Executors that ended their lease with the job before it released them (Goodbye), and why: a serving
+    host revoked by its operator, one whose rollout engine died, a dedicated executor stopped."""
 
     def prefix_hit_ratio(self, role: str) -> float:
         """Accepted turns' prompt tokens served from the prefix cache, in ``role``'s pool."""

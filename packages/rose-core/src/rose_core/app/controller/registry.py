@@ -121,13 +121,20 @@ class ExecutorRegistry:
                                warm_trajectories=warm_trajectories)
 
     def goodbye(self, peer: bytes, msg: m.Goodbye, now: float) -> None:
+        """An executor leaves: its turns are re-routed. One its operator revoked (its heartbeats said so) is
+        not welcomed again by this job: revoking takes a serving host back from the job, not for a moment."""
         self.peers.pop(peer, None)
         rec = self.executors.pop(msg.peer_id, None)
-        if rec is not None:
-            moved = self.scheduler.remove_worker(now, msg.peer_id, "gone")
-            self.stats.reroutes += len(moved)
-            log.info("executor %s left (%s); %d turns re-routed", msg.peer_id, msg.reason, len(moved))
-            self.update_gauge()
+        if rec is None:
+            return
+        moved = self.scheduler.remove_worker(now, msg.peer_id, "gone")
+        self.stats.reroutes += len(moved)
+        if msg.peer_id not in self.released:
+            self.stats.left[msg.peer_id] = msg.reason[:200]
+        if rec.revoked:
+            self.released.add(msg.peer_id)
+        log.info("executor %s left (%s); %d turns re-routed", msg.peer_id, msg.reason, len(moved))
+        self.update_gauge()
 
     def retire(self, executor_id: str, reason: str, now: float) -> int:
         """Take an executor out of the job: its turns are re-routed, it is released (a serving host goes on

@@ -168,6 +168,7 @@ def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any
 def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
     report.late_results = controller.stats.late_results
     report.retired_executors = dict(controller.stats.retired)
+    report.left_executors = dict(controller.stats.left)
     report.executors = [executor_entry(controller, r) for r in controller.executors.values()]
     report.borrowing = list(controller.borrowing.events)
     if load is not None:

@@ -36,6 +36,9 @@ class RunReport:
     error: str = ""
     retired_executors: dict[str, str] = field(default_factory=dict)
     """Executors taken out of the job while it went on (a failed weight apply, an exited process), and why."""
+    left_executors: dict[str, str] = field(default_factory=dict)
+    """Executors that ended their lease before the job did (revoked by their operator, their rollout engine
+    died, ...), and why (``ControllerStats.left``)."""
 
     @property
     def ok(self) -> bool:
