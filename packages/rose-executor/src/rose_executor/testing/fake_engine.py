@@ -14,10 +14,9 @@ prompt, the position and how many weight versions were committed. Weight version
 rollback are the real ones, only the model is missing.
 
 ``release_memory`` / ``restore_memory`` act like vLLM's sleep level 1 and wake-up when the twin is built with
-``can_release_memory=True`` (its launcher does so for a spec with sleep mode) and refuse otherwise.
-
-What it records for tests: ``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights``,
-``release_memory``, ``restore_memory`` in order), ``started`` (request ids in the order ``generate`` was called), ``aborted`` and ``listeners``.
+``can_release_memory=True`` (its launcher does so for a spec with sleep mode) and refuse otherwise. It records
+``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights``, ``release_memory``,
+``restore_memory`` in order), ``started`` (request ids in ``generate`` order), ``aborted`` and ``listeners``.
 """
 
 from __future__ import annotations
@@ -98,10 +97,8 @@ class FakeEngine:
         self.started: list[str] = []
         self.aborted: list[str] = []
         self.listeners: list[ActivityListener] = []
-        self.weights_loaded = 0
-        """How many versions were committed (token ids change with it)."""
-        self.weights = ResidentWeights()
-        """What the twin holds, pulled for real by ``stage_weights``/``commit_weights``."""
+        self.weights_loaded = 0  # versions committed (token ids change with it)
+        self.weights = ResidentWeights()  # what the twin holds, pulled for real by stage/commit_weights
         self._fetcher: WeightFetcher | None = None
         self._staging: asyncio.Future[StagedVersion] | None = None
         self._requests: dict[str, _Request] = {}
@@ -259,6 +256,11 @@ class FakeEngine:
             await asyncio.gather(staging, return_exceptions=True)
         elif staging.exception() is None:
             staging.result().discard()
+
+    async def forget_weights(self) -> None:
+        await self.discard_weights()
+        self.weights.forget()
+        self._fetcher = None
 
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""

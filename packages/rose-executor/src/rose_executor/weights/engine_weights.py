@@ -147,6 +147,14 @@ class EngineWeights:
         if staging.exception() is None:
             staging.result().discard()
 
+    def forget(self) -> None:
+        """Hold no version any more (another job's weights stay in the parameters): the next version is a full
+        sync, fetched with that job's key (the fetcher is made anew)."""
+        self.discard()
+        self.target.forget()
+        self._binding, self._fetcher = None, None
+        self.target.pinned = False
+
     def digest(self) -> str:
         """The manifest digest of what the engine holds now, every bucket re-hashed (O(model))."""
         self._manifest()

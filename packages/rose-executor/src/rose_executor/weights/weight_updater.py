@@ -64,6 +64,8 @@ class WeightUpdater:
         self.drain_timeout_s = drain_timeout_s
         self.relay = relay
         self.updating = False
+        self.touched = False
+        """A version was staged into the engine (its weights may no longer be the policy's own)."""
         self.engine_memory = engine_memory or EngineMemory(engine)
         self._secret = secret
         self._send = send
@@ -120,7 +122,7 @@ class WeightUpdater:
 
     async def _update(self, announce: WeightAnnounce, times: UpdateTimes) -> None:
         """Stage ``announce`` in the engine, let running turns finish, commit; notes the times."""
-        self.updating = True
+        self.updating = self.touched = True
         try:
             async with self.engine_memory.hold():  # restored first, and not released until committed
                 await self._stage_and_commit(announce, times)

@@ -39,5 +39,8 @@ class RoseWorkerExtension:
     def rose_weights_discard(self) -> None:
         self._rose_weights().discard()
 
+    def rose_weights_forget(self) -> None:
+        self._rose_weights().forget()
+
     def rose_weights_digest(self) -> str:
         return self._rose_weights().digest()
