@@ -171,8 +171,8 @@ class Controller:
 
     def retire(self, executor_id: str, reason: str) -> int:
         """Take an executor out of the job (its apply failed, its process exited): its turns are re-routed, it
-        is told to stop, and nothing more is sent to it. Returns how many turns moved. It may join again
-        (Hello, Register) and gets the next version like any new executor."""
+        is released (``Release``: a serving host ends the lease and serves on, a dedicated executor stops), and
+        nothing more is sent to it; this job does not welcome it again. Returns how many turns moved."""
         moved = self.registry.retire(executor_id, reason, self.clock())
         self._settle(self.clock())
         return moved
