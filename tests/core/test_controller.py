@@ -15,6 +15,7 @@ from rose_core.app.controller.control_loop import ControlLoop
 from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.controller_metrics import STATUS_SKIPPED
 from rose_core.app.controller.job_hooks import AcceptedTurn, NoJob, TurnPayload
+from rose_core.app.controller.registry import WELCOMES_AFTER_RETIRE
 from rose_core.app.controller.weight_round import WeightRound
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import observer_key
@@ -512,14 +513,27 @@ def test_turns_held_back_on_a_borrowed_executor_move_to_a_dedicated_one_with_roo
         ctl.close()
 
 
-def test_the_job_releases_executors_and_does_not_welcome_them_again(controller: Controller) -> None:
+def test_the_job_releases_executors_and_welcomes_a_retired_one_back_a_bounded_number_of_times(
+    controller: Controller,
+) -> None:
     """Release, not Shutdown: a retired executor and, at the job's end, every executor is released (a serving
-    host goes on serving and looks for its next job); this job refuses their Hello from then on."""
+    host goes on serving and looks for its next job). A retired one (its weight apply failed) is welcomed back
+    for a new lease ``WELCOMES_AFTER_RETIRE`` times; retired once more, this job refuses its Hello from then on."""
     with join(controller, "s1", role="serving") as s1, join(controller, "d1") as d1:
-        controller.retire("s1", "weight version 3 failed: boom")
-        released = recv_type(s1, m.Release)
-        assert "taken out of the job: weight version 3 failed" in released.reason
-        s1.send(m.Hello(peer_id="s1", kind="executor"))  # the host looks for a job
+        for _ in range(WELCOMES_AFTER_RETIRE):
+            controller.retire("s1", "weight version 3 failed: boom")
+            released = recv_type(s1, m.Release)
+            assert "taken out of the job: weight version 3 failed" in released.reason
+            s1.send(m.Hello(peer_id="s1", kind="executor"))  # the host looks for a job: this one takes it back
+            controller.pump(0)
+            assert isinstance(recv_type(s1, m.Welcome), m.Welcome)
+            s1.send(m.Register(executor_id="s1", role="serving", device="cpu", host="h", models=[], memory_bytes=1,
+                               rollout_capacity=4, weight_version=-1))
+            controller.pump(0)
+            assert "s1" in controller.executors
+        controller.retire("s1", "weight version 4 failed: boom")
+        recv_type(s1, m.Release)
+        s1.send(m.Hello(peer_id="s1", kind="executor"))
         controller.pump(0)
         assert recv_type(s1, m.ErrorReport).code == "released" and "s1" not in controller.executors
         done = controller.release_executors("run finished")
@@ -527,6 +541,39 @@ def test_the_job_releases_executors_and_does_not_welcome_them_again(controller: 
         d1.send(m.Goodbye(peer_id="d1", reason="released"))
         controller.pump(0)
         assert done.done()
+
+
+def test_an_executor_that_registers_late_is_sent_the_newest_version_and_a_failed_catch_up_takes_it_out(
+    controller: Controller,
+) -> None:
+    """A serving host taken out after a failed apply comes back for a new lease at -1: it is sent the job's newest
+    version at once (not at the next step's announce, which would need its turns first); while it is away the
+    job counts it as returning. Its catch-up fails: taken out again. The next one succeeds: it holds the version."""
+    newest = m.WeightAnnounce(version=3, step=3, source="tcp://x:1")
+    with join(controller, "s1", role="serving") as s1, join(controller, "d1") as d1:
+        controller.announce_weights(newest)
+        controller.retire("s1", "weight version 3 failed: boom")
+        assert controller.registry.returning == {"s1"}
+        for ok in (False, True):
+            recv_type(s1, m.Release)
+            s1.send(m.Hello(peer_id="s1", kind="executor"))
+            controller.pump(0)
+            recv_type(s1, m.Welcome)
+            s1.send(m.Register(executor_id="s1", role="serving", device="cpu", host="h", models=[], memory_bytes=1,
+                               rollout_capacity=4, weight_version=-1))
+            controller.pump(0)
+            assert controller.registry.returning == set() and recv_type(s1, m.WeightAnnounce) == newest
+            s1.send(m.WeightApplied(executor_id="s1", version=3, seconds=0.1, bytes_received=1, ok=ok,
+                                    error="" if ok else "no descriptors"))
+            controller.pump(0)
+        assert controller.stats.retired["s1"] == "weight version 3 failed: no descriptors"
+        assert controller.executors["s1"].weight_version == 3
+        while d1.recv(0) is not None:  # the round's announce, and the rest
+            pass
+        d1.send(m.Register(executor_id="d1", role="dedicated", device="cpu", host="h", models=[], memory_bytes=1,
+                           rollout_capacity=4, weight_version=3))  # one that holds it is sent nothing
+        controller.pump(0)
+        assert d1.recv(0) is None
 
 
 def test_the_welcome_names_the_jobs_policy(clock: FakeClock) -> None:

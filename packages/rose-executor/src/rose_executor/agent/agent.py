@@ -99,8 +99,7 @@ class ExecutorAgent:
         self._revoking: asyncio.Task[None] | None = None
         self.lent_to = ""
         """The controller id of the job holding the lease ("" while lent to none)."""
-        self.leases = 0
-        """Leases that ended (jobs this host served and was released by)."""
+        self.leases = 0  # leases that ended (jobs this host served and was released by)
         self.rejoins_before = 0
         self._failed_starts = 0  # leases in a row whose rollout side would not start: each next Hello waits longer
 
@@ -254,8 +253,9 @@ class ExecutorAgent:
                 if failure is not None and self.options.role != "serving":
                     raise failure
                 if failure is not None:  # the job's side failed (its engine died under a call): production stays
-                    log.error("the lease's work failed: %r", failure, exc_info=failure)
-                    self.end_lease(f"the lease's work failed: {failure!r}"[:500], fault=True)
+                    why = "the rollout engine died" if _rollout_dead(self._host) else "the lease's work failed"
+                    log.error("%s: %r", why, failure, exc_info=failure)
+                    self.end_lease(f"{why}: {failure!r}"[:500], fault=True)
         finally:
             for task in [*ends, *tasks]:
                 task.cancel()
@@ -270,7 +270,7 @@ class ExecutorAgent:
             return False
         if self._controller_gone():
             return False
-        if host is not None and host.rollout is not None and host.rollout.errored:
+        if _rollout_dead(host):
             if self.options.role == "serving":
                 self.end_lease("the rollout engine died; see the log above", fault=True)
             else:
@@ -353,3 +353,7 @@ def _policy_dir(welcome: Welcome, own: str) -> str:
             return named
         log.warning("the job's policy %s is not on this host: lending with %s", named, own)
     return own
+
+
+def _rollout_dead(host: Host | None) -> bool:
+    return host is not None and host.rollout is not None and host.rollout.errored

@@ -29,6 +29,7 @@ import msgspec
 from rose_core.app.config import RunConfig
 from rose_core.app.controller import controller_metrics as metrics
 from rose_core.app.controller.borrowing import Borrowing
+from rose_core.app.controller.catch_up import CatchUp
 from rose_core.app.controller.controller_stats import ControllerStats
 from rose_core.app.controller.dispatch import TurnDispatch
 from rose_core.app.controller.executor_record import ExecutorRecord
@@ -87,6 +88,7 @@ class Controller:
         self.job: JobHooks = NoJob()
         self.relays: dict[str, str] = {}
         """executor id -> the relay its cluster pulls weights through (``[[clusters]]``)."""
+        self.catch_up = CatchUp(self._send_announce)
         self.last_sync = SyncBreakdown()
         self.weight_sync = (0.0, 0)
         self.finished = False
@@ -163,16 +165,21 @@ class Controller:
             if rec.state == "gone":
                 continue
             sent_at[eid] = self.clock()
-            relay = self.relays.get(eid, "")
-            self.server.send(rec.peer, msgspec.structs.replace(announce, relay=relay) if relay else announce)
+            self._send_announce(rec, announce)
+        self.catch_up.announced(announce)
         weight_round = WeightRound(announce, sent_at, started, self.executors, publish_s=publish_s, export_s=export_s)
         self._rounds.append(weight_round)
         return weight_round
 
+    def _send_announce(self, rec: ExecutorRecord, announce: WeightAnnounce) -> None:
+        relay = self.relays.get(rec.executor_id, "")
+        self.server.send(rec.peer, msgspec.structs.replace(announce, relay=relay) if relay else announce)
+
     def retire(self, executor_id: str, reason: str) -> int:
         """Take an executor out of the job (its apply failed, its process exited): its turns are re-routed, it
         is released (``Release``: a serving host ends the lease and serves on, a dedicated executor stops), and
-        nothing more is sent to it; this job does not welcome it again. Returns how many turns moved."""
+        nothing more is sent to it. Returns how many turns moved. It is welcomed back (Hello,
+        Register: a new lease, the next version whole) the first ``registry.WELCOMES_AFTER_RETIRE`` times."""
         moved = self.registry.retire(executor_id, reason, self.clock())
         self._settle(self.clock())
         return moved
@@ -238,7 +245,9 @@ class Controller:
             return
         match msg:  # mypy checks that every member of ToController has a case (a new one fails at `unhandled`)
             case Register():
-                self.registry.register(peer, msg, now)
+                rec = self.registry.register(peer, msg, now)
+                if rec is not None:
+                    self.catch_up.registered(rec)
             case Heartbeat():
                 rec = self.registry.heartbeat(peer, msg, now)
                 if rec is not None and msg.load.revoked:
@@ -266,6 +275,9 @@ class Controller:
             return
         rec.applied[msg.version] = msg
         rec.applied_at[msg.version] = now
+        if why := self.catch_up.failed(msg):
+            self.retire(msg.executor_id, why)
+            return
         if msg.ok:
             rec.weight_version = msg.version
             self.registry.observe(rec, now)

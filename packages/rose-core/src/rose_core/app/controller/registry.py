@@ -25,6 +25,10 @@ from rose_core.transport.control_endpoint import ServerEndpoint
 
 log = logging.getLogger(__name__)
 
+WELCOMES_AFTER_RETIRE = 2
+"""How many times a job welcomes back an executor it took out (a serving host whose weight apply failed starts
+a new lease with a fresh or reset rollout engine); once more and it stays released for the job's life."""
+
 
 class ExecutorRegistry:
     def __init__(self, server: ServerEndpoint, scheduler: ElasticScheduler, stats: ControllerStats,
@@ -40,6 +44,10 @@ class ExecutorRegistry:
         self.released: set[str] = set()
         """Executors this job released (``release``): their Hello is answered ``released``, not welcomed (a
         serving host looks for its next job; this one is done with it)."""
+        self.retirements: dict[str, int] = {}
+        """How often each executor was taken out of the job (a failed weight apply, a process gone)."""
+        self.returning: set[str] = set()
+        """Serving hosts taken out that the job welcomes back and that have not registered again yet."""
         self.policy_model_dir = policy_model_dir
         """The job's policy (``Welcome.policy_model_dir``)."""
 
@@ -83,18 +91,21 @@ class ExecutorRegistry:
 
     # ---------------------------------------------------------------- executors
 
-    def register(self, peer: bytes, msg: m.Register, now: float) -> None:
+    def register(self, peer: bytes, msg: m.Register, now: float) -> ExecutorRecord | None:
+        """The executor's record (None: its registration was refused, and it was told why)."""
         problem = registration_problem(msg)
         if problem:
             REJECTED_MESSAGES.labels("bad_registration").inc()
             log.warning("refused the registration of %r from %r: %s", msg.executor_id[:64], peer[:32], problem)
             self.server.send(peer, m.ErrorReport(code="bad_registration", message=problem))
-            return
+            return None
         rec = ExecutorRecord(peer=peer, info=msg, registered_at=now, last_seen=now, weight_version=msg.weight_version)
         self.executors[msg.executor_id] = rec
         self.scheduler.add_worker(now, msg.executor_id, msg.role, msg.rollout_capacity, msg.weight_version)
+        self.returning.discard(msg.executor_id)
         log.info("executor %s registered (%s, %s)", msg.executor_id, msg.role, msg.device)
         self.update_gauge()
+        return rec
 
     def heartbeat(self, peer: bytes, msg: m.Heartbeat, now: float) -> ExecutorRecord | None:
         """Note an executor's load (the scheduler sees it too); None when it is not registered (told so)."""
@@ -138,25 +149,32 @@ class ExecutorRegistry:
 
     def retire(self, executor_id: str, reason: str, now: float) -> int:
         """Take an executor out of the job: its turns are re-routed, it is released (a serving host goes on
-        serving production; a dedicated executor stops), nothing more is sent to it. Returns how many turns
-        moved."""
+        serving production and ends the lease, its rollout engine stopped or reset; a dedicated executor stops),
+        nothing more is sent to it. Returns how many turns moved. The job welcomes it back (a new lease, its
+        first version whole) the first ``WELCOMES_AFTER_RETIRE`` times; after that it stays released."""
         rec = self.executors.pop(executor_id, None)
         if rec is None:
             return 0
+        self.retirements[executor_id] = self.retirements.get(executor_id, 0) + 1
         moved = self.scheduler.remove_worker(now, executor_id, "retired")
         self.stats.reroutes += len(moved)
         self.stats.retired[executor_id] = reason
         metrics.TURNS_REROUTED.labels("retired").inc(len(moved))
-        self.release(rec, f"taken out of the job: {reason}")
+        welcome_back = self.retirements[executor_id] <= WELCOMES_AFTER_RETIRE
+        if welcome_back and rec.role == "serving":  # a dedicated executor stops when released
+            self.returning.add(executor_id)
+        self.release(rec, f"taken out of the job: {reason}", welcome_back=welcome_back)
         self.peers.pop(rec.peer, None)
         log.warning("executor %s taken out of the job (%s); %d turns re-routed; %d executors go on",
                     executor_id, reason, len(moved), len(self.executors))
         self.update_gauge()
         return len(moved)
 
-    def release(self, rec: ExecutorRecord, reason: str) -> None:
-        """Tell an executor the job is done with it (``Release``); it is not welcomed again."""
-        self.released.add(rec.executor_id)
+    def release(self, rec: ExecutorRecord, reason: str, welcome_back: bool = False) -> None:
+        """Tell an executor the job is done with it (``Release``); it is not welcomed again unless
+        ``welcome_back``."""
+        if not welcome_back:
+            self.released.add(rec.executor_id)
         self.server.send(rec.peer, m.Release(reason=reason))
 
     def mark_stalled(self, executor_ids: list[str], stall_timeout_s: float) -> None:

@@ -363,13 +363,13 @@ class RLJob:
 
     def _ship(self, announce: WeightAnnounce, publish_s: float = 0.0, export_s: float = 0.0) -> dict[str, Any]:
         """Announce a version and wait for the executors; one whose apply failed is taken out of the job (its
-        engine rolled back: it must not run turns of the new window), and the job goes on on the rest."""
+        engine rolled back); the job goes on on the rest, or on hosts that come back (a new lease, caught up)."""
         weight_round = self.controller.announce_weights(announce, publish_s=publish_s, export_s=export_s)
         applied = self.loop.result(weight_round.future, self.config.rl.weight_sync_timeout_s, weight_round.timed_out)
         failed = {eid: a.error for eid, a in applied.items() if not a.ok}
         for eid, error in failed.items():
             self.controller.retire(eid, f"weight version {announce.version} failed: {error}")
-        if not self.controller.executors:
+        if failed and not self.controller.executors and not self.controller.registry.returning:
             raise RuntimeError(f"weight version {announce.version} failed on every executor: {failed}")
         return {eid: a for eid, a in applied.items() if eid not in failed}
 
