@@ -43,6 +43,7 @@ FAULT_TESTS = [
     "tests/integration/test_rose_controller_restart.py",
     "tests/integration/test_rose_run_interrupt.py",
     "tests/integration/test_rose_run_relay_killed.py",
+    "tests/integration/test_standing_serving_host.py",
 ]
 """The `faults` session's runs (the unit-level fault and fuzz tests stay in their packages' sessions)."""
 
@@ -163,7 +164,8 @@ def integration(session: nox.Session) -> None:
 @_one_venv_at_a_time
 def faults(session: nox.Session) -> None:
     """Every fault scenario against real processes: memory bursts and a frozen executor, an executor killed
-    mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md)."""
+    mid-step, a fleet's controller killed and resumed beside a peer that never reads, Ctrl-C (docs/security.md), a
+    standing serving host through three jobs' faults (docs/operations.md)."""
     _install_for_runs(session)
     session.run("pytest", DURATIONS, *FAULT_TESTS, *session.posargs)
 

@@ -1,5 +1,5 @@
 """A fleet (`rose controller`, executors started on their own) survives its controller: SIGKILL in the middle
-of a step, `rose controller --resume` from the last checkpoint, and the executors, which kept running and
+of a step of an asynchronous job (staleness 1), `rose controller --resume` from the last checkpoint, and the executors, which kept running and
 serving production traffic all along, join the new controller by themselves; the job finishes with nothing
 lost and every engine on the trainer's weights. All through the resumed run a dashboard-like peer that never
 reads is connected: the controller sends it the two snapshots its credit allows and then skips it every status
@@ -43,8 +43,12 @@ run_dir = "{work}/run"
 port = {port}
 status_interval_s = 0.005  # a fast status stream, so the observer that never reads fills every buffer soon
 
+[scheduler]
+staleness = 1  # asynchronous steps: a resumed asynchronous job goes on with the next step and version
+
 [rl]
 checkpoint.every = 1
+checkpoint.keep = 2
 max_tokens_per_turn = 24
 eval.every = 0
 """
@@ -148,7 +152,8 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     logs = {role: (work / f"executor-{role}.log").read_text(errors="replace") for role in executors}
     return {"report": report, "codes": codes, "logs": logs, "while_down": text_while_down, "skipped": skipped,
             "dropped": dropped, "after_job": after_job, "serving_after_job": serving_after_job,
-            "checkpoints": sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))}
+            "checkpoints": sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-")),
+            "last_state": json.loads((checkpoints / f"step-{STEPS:06d}" / "state.json").read_text())}
 
 
 def test_the_resumed_job_finishes_with_nothing_lost(restarted: dict[str, Any]) -> None:
@@ -159,7 +164,14 @@ def test_the_resumed_job_finishes_with_nothing_lost(restarted: dict[str, Any]) -
     assert report["lost_trajectories"] == 0 and report["version_mismatches"] == 0
     assert report["weight_digest_mismatches"] == 0
     assert [s["published_version"] for s in report["steps"]] == RESUMED
-    assert restarted["checkpoints"][-1] == f"step-{STEPS:06d}"
+    assert report["steps"][0]["weight_version"] == 2  # step 3 rolled out on the checkpoint's version
+    assert all(s["max_staleness"] <= 1 for s in report["steps"])
+    assert all(e["weight_version"] == STEPS for e in report["executors"])
+
+
+def test_a_checkpoint_follows_every_step_and_only_the_newest_are_kept(restarted: dict[str, Any]) -> None:
+    assert restarted["checkpoints"] == [f"step-{STEPS - 1:06d}", f"step-{STEPS:06d}"]  # checkpoint.keep = 2
+    assert (restarted["last_state"]["step"], restarted["last_state"]["weight_version"]) == (STEPS, STEPS)
 
 
 def test_the_executors_joined_the_new_controller_by_themselves(restarted: dict[str, Any]) -> None:
