@@ -3,7 +3,10 @@ on this event loop over the in-process twins (``test_agent_twin``): the turns th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import tomli_w
@@ -15,6 +18,9 @@ PROMPT = np.array([7, 21, 33, 45, 58, 61, 70, 85, 99], dtype=np.int32)
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
 LONG = SamplingParams(max_tokens=900, temperature=0.0)
 ROLLOUT_SEQ_BYTES = (len(PROMPT) + LONG.max_tokens) * 512  # the policy's KV bytes per token
+
+H200_BYTES = 143_771_287_552
+"""What torch reports as an H200's total memory."""
 
 
 def memory_settings(policy: Path, serving: Path) -> dict[str, object]:
@@ -57,3 +63,30 @@ def turn(turn_id: str, version: int = 0, sampling: SamplingParams = GREEDY, prom
         min_version=version,
         max_version=version,
     )
+
+
+def nvml_gpus(monkeypatch: Any, count: int, runtime_allowed: Callable[[], bool] = lambda: True) -> None:
+    """torch built with CUDA on a host where NVML sees ``count`` H200s (0: none), patched below torch's own
+    ``torch.cuda`` functions so that they run as on a GPU host. The CUDA runtime (``cudaGetDeviceCount``, what
+    ``torch.cuda.is_available()`` calls unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, and reading a device's
+    properties) raises while ``runtime_allowed()`` is false: touching it then would poison vLLM's forks."""
+    import torch
+
+    def runtime(what: str) -> None:
+        if not runtime_allowed():
+            raise AssertionError(f"the CUDA runtime was initialised ({what}) before vLLM's engines started")
+
+    def runtime_count() -> int:
+        runtime("cudaGetDeviceCount")
+        return count
+
+    def properties(index: int) -> SimpleNamespace:
+        runtime(f"the properties of device {index}")
+        return SimpleNamespace(name="NVIDIA H200", total_memory=H200_BYTES)
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "")  # restored (absent, as a rule) after the test...
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK")  # ...and unset in it, as on a fresh host
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: count)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", runtime_count, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)

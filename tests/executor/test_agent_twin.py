@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -49,14 +48,14 @@ from rose_core.testing.inprocess_channel import InProcessClient, InProcessServer
 from rose_executor.agent import AgentOptions, ExecutorAgent
 from rose_executor.engine.engine_protocol import GenerationOutput, WeightCommit
 from rose_executor.engine.engine_spec import EngineSpec
-from rose_executor.host.device import Device
+from rose_executor.host.device import Device, resolve_device
 from rose_executor.memory.serving_first_budget import rollout_engine_bytes, serving_host_bytes
 from rose_executor.testing.fake_engine import FakeEngine, FakeEngineLauncher
 from rose_transfer import SparsePublisher
 
 from .conftest import SECRET
 from .controller_peer import ControllerPeer
-from .executor_setup import LONG, memory_settings, turn, write_config
+from .executor_setup import H200_BYTES, LONG, memory_settings, nvml_gpus, turn, write_config
 
 MODELS = {
     "serving": LatencyModel(0.002, 10e-6, 0.001, 0.0001),
@@ -145,19 +144,28 @@ async def test_register_describes_the_host(executor: TwinExecutor) -> None:
 async def test_on_a_gpu_host_the_engines_split_the_device_and_register_names_it(
     config_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch sees one H200 (monkeypatched): ``device = "auto"`` resolves to it, each engine gets its memory
-    fraction, only the rollout engine sleep mode, and Register names the GPU and its memory."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    h200 = SimpleNamespace(name="NVIDIA H200", total_memory=150 << 30)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: h200)
-    async with twin(config_path) as executor:
+    """NVML sees one H200 (torch's CUDA seams monkeypatched): ``device = "auto"`` resolves to it without the CUDA
+    runtime, which the executor first touches once production's engine exists (a runtime initialised before
+    vLLM forks its engine cores leaves them without CUDA); each engine gets its memory fraction, only the
+    rollout engine sleep mode, and Register names the GPU and its memory."""
+    launcher = FakeEngineLauncher(MODELS)
+    nvml_gpus(monkeypatch, 1, runtime_allowed=lambda: bool(launcher.engines))
+    async with twin(config_path, launcher) as executor:
         reg = executor.register
-        assert (reg.device, reg.memory_bytes) == ("cuda:0 (NVIDIA H200)", 150 << 30)
+        assert (reg.device, reg.memory_bytes) == ("cuda:0 (NVIDIA H200)", H200_BYTES)
         serving, rollout = (engine.spec for engine in executor.launcher.engines)
         assert (serving.device, serving.gpu_memory_utilization, serving.enable_sleep_mode) == ("cuda", 0.55, False)
         assert (rollout.device, rollout.gpu_memory_utilization, rollout.enable_sleep_mode) == ("cuda", 0.3, True)
         assert not serving.enforce_eager and executor.launcher.engines[1].can_release_memory
+
+
+def test_the_seam_catches_the_old_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``resolve_device("auto")`` used to call, ``torch.cuda.is_available()`` without
+    ``PYTORCH_NVML_BASED_CUDA_CHECK``, initialises the CUDA runtime: the seam above fails it."""
+    nvml_gpus(monkeypatch, 1, runtime_allowed=lambda: False)
+    with pytest.raises(AssertionError, match="CUDA runtime was initialised"):
+        torch.cuda.is_available()
+    assert resolve_device("auto").on_gpu and os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
 
 
 async def test_heartbeats_carry_the_load(executor: TwinExecutor) -> None:

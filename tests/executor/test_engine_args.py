@@ -1,15 +1,13 @@
 """Engine settings for real devices: the executor config and the resolved device become an ``EngineSpec`` and
 then vLLM's ``AsyncEngineArgs`` (built, never started: constructing them touches no device), config and spec
-validation, device resolution with ``torch.cuda`` monkeypatched, and the CPU engine's refusal to release memory."""
+validation, device resolution with torch's CUDA seams monkeypatched (NVML's count, the CUDA runtime), and the CPU engine's refusal to release memory."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 
 from rose_core.config.executor_config import ExecutorConfig, RolloutSection, ServingSection, parse_executor_config
 from rose_core.support.errors import ConfigError, RoseError
@@ -19,8 +17,9 @@ from rose_executor.engine.vllm_args import engine_args
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.host.device import Device, describe_device, resolve_device
 
+from .executor_setup import H200_BYTES, nvml_gpus
+
 GIB = 1 << 30
-H200_BYTES = 143_771_287_552
 
 
 def config(policy: str = "policy", serving: ServingSection | None = None, **settings: object) -> ExecutorConfig:
@@ -33,11 +32,8 @@ def args_for(cfg: ExecutorConfig, device: Device, purpose: Purpose, model_dir: P
 
 
 def gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    """torch sees ``count`` H200s (0: no CUDA at all)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    properties = SimpleNamespace(name="NVIDIA H200", total_memory=H200_BYTES)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    """torch sees ``count`` H200s through NVML (0: no GPU at all)."""
+    nvml_gpus(monkeypatch, count)
 
 
 # ---------------------------------------------------------------- the AsyncEngineArgs

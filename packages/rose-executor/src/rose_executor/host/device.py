@@ -2,12 +2,19 @@
 and how it is described to the controller (``Register.device`` / ``memory_bytes``).
 
 The one module of the executor that asks torch about devices. torch is imported only when a question needs it
-(``"auto"`` and CUDA settings), so an executor configured for ``"cpu"`` never imports it here. Reading a CUDA
-device's name and memory initialises CUDA in this process: the agent does it once the engines have started.
+(``"auto"`` and CUDA settings), so an executor configured for ``"cpu"`` never imports it here.
+
+Rule: nothing here initialises the CUDA runtime before vLLM's engines exist. vLLM forks its engine cores (it
+switches to spawn only once ``torch.cuda.is_initialized()``), and a child forked after the parent ran
+``cudaGetDeviceCount`` (what ``torch.cuda.is_available()`` calls by default) cannot use CUDA. So GPUs are
+counted through NVML (``torch.cuda.device_count()``, with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` set as vLLM sets
+it), never ``is_available()``; reading a device's name and memory (``describe_device``) initialises CUDA, and the
+agent does it once the engines have started.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
@@ -63,7 +70,7 @@ def resolve_device(setting: str, tensor_parallel_size: int = 1) -> Device:
     except ValueError as exc:
         raise RoseError(f"{exc}: fix `device` in the executor config") from exc
     if kind == "auto":
-        kind = "cuda" if _cuda().is_available() else "cpu"
+        kind = "cuda" if _gpu_count() > 0 else "cpu"
     if kind == "cpu":
         if tensor_parallel_size != 1:
             raise RoseError(
@@ -89,8 +96,7 @@ def describe_device(device: Device) -> DeviceDescription:
 
 
 def _require_visible(device: Device, setting: str) -> None:
-    cuda = _cuda()
-    count = int(cuda.device_count()) if cuda.is_available() else 0
+    count = _gpu_count()
     if count == 0:
         raise RoseError(
             f"device = {setting!r}, but torch sees no CUDA device: install rose-executor[gpu] on a GPU host, "
@@ -108,6 +114,12 @@ def _require_visible(device: Device, setting: str) -> None:
             f"{wanted[0]}..{wanted[-1]}, but {count} are visible: pick a device from cuda:0 to "
             f"cuda:{count - device.tensor_parallel_size}"
         )
+
+
+def _gpu_count() -> int:
+    """The GPUs NVML sees (torch falls back to the CUDA runtime only where NVML cannot answer)."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # vLLM's children check the same way
+    return int(_cuda().device_count())
 
 
 def _cuda() -> ModuleType:
