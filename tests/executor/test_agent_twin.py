@@ -10,7 +10,8 @@ import contextlib
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -302,6 +303,55 @@ async def test_failed_fetch_keeps_the_version(executor: TwinExecutor) -> None:
     peer.send(StepStarted(step=2, weight_version=0))
     beat = await peer.arrival(Heartbeat, timeout=5)
     assert beat.load.weight_version == 0 and beat.load.state == "ready"
+
+
+async def test_an_update_whose_prefix_cache_stays_fails_and_the_engine_takes_no_more_turns(
+    executor: TwinExecutor,
+) -> None:
+    """vLLM answers False to a prefix-cache reset while KV blocks are in use: the version is in the engine, but
+    KV of the old weights could serve its next turns. The update fails (the job takes the executor out) and the
+    engine refuses every turn from then on."""
+    peer, rollout = executor.controller, executor.launcher.engines[1]
+    rollout.prefix_reset_ok = False
+    with SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0) as publisher:
+        peer.send(publisher.publish(1, 1, {"w": np.arange(5000, dtype=np.float32)}))
+        failed = await peer.arrival(WeightApplied, timeout=30, where=lambda w: w.version == 1)
+    assert not failed.ok and "could not drop its prefix cache" in failed.error
+    assert rollout.calls[-2:] == ["commit_weights(v1)", "reset_prefix_cache"]
+    for name, version in (("new", 1), ("old", 0)):
+        peer.send(turn(name, version=version))
+        await peer.arrival(TurnAborted, where=lambda a, n=name: a.turn_id == n)  # refused, never run
+    await peer.quiet(1.0, where=lambda msg: isinstance(msg, TurnResult))
+
+
+async def test_an_update_during_a_release_waits_for_it_and_never_writes_into_released_memory(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the guard puts an idle policy's engine to sleep (level 1 unmaps its memory), and the twin's
+    engine raises on a stage or commit while released. A version announced while a slow release is under way
+    waits for it, wakes the engine, and applies."""
+    launcher = FakeEngineLauncher(MODELS)
+    nvml_gpus(monkeypatch, 1)
+    async with twin(config_path, launcher) as executor:
+        peer, rollout = executor.controller, launcher.engines[1]
+        await until(lambda: rollout.memory_released)  # idle: released
+        rollout.release_delay_s = 0.5
+        peer.send(turn("t1"))
+        await peer.arrival(TurnResult, where=lambda r: r.turn_id == "t1")
+        await until(lambda: rollout.calls.count("release_memory") >= 2)  # idle again: a slow release begins
+        with SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0) as publisher:
+            peer.send(publisher.publish(1, 1, {"w": np.arange(5000, dtype=np.float32)}))
+            applied = await peer.arrival(WeightApplied, timeout=30, where=lambda w: w.version == 1)
+    assert applied.ok, applied.error
+    after = rollout.calls[len(rollout.calls) - rollout.calls[::-1].index("release_memory"):]
+    assert after[:4] == ["restore_memory", "stage_weights(v1)", "commit_weights(v1)", "reset_prefix_cache"]
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the timeout"
+        await asyncio.sleep(0.01)
 
 
 async def test_shutdown_says_goodbye_and_gives_turns_back(executor: TwinExecutor) -> None:

@@ -211,10 +211,17 @@ async def test_prefix_cache_and_a_weight_commit() -> None:
         await fake.stage_weights(WeightOrder(announce, secret, "fake"))
         commit = await fake.commit_weights(1, 10.0)
     assert (commit.version, commit.full_sync, commit.digest) == (1, True, announce.manifest_digest)
+    fake.prefix_reset_ok = False  # KV blocks in use: the cache stays
+    assert not await fake.reset_prefix_cache()
+    kept = generate(fake, "p4", 300, 2)
+    await clock.run_until(kept.done)
+    assert kept.result().num_cached_tokens == 256
+    fake.prefix_reset_ok = True
+    assert await fake.reset_prefix_cache()
     third = generate(fake, "p3", 300, 2)
     await clock.run_until(third.done)
-    assert third.result().num_cached_tokens == 0  # the commit dropped the prefix cache
+    assert third.result().num_cached_tokens == 0  # the reset dropped the prefix cache
     assert third.result().token_ids != first.result().token_ids  # new weights, new tokens
-    assert fake.calls == ["stage_weights(v1)", "commit_weights(v1)"]
+    assert fake.calls == ["stage_weights(v1)", "commit_weights(v1)", "reset_prefix_cache", "reset_prefix_cache"]
     with pytest.raises(RoseError, match="never staged"):
         await fake.commit_weights(2, 1.0)

@@ -187,7 +187,7 @@ async def test_running_turns_finish_on_their_version_then_the_engine_commits_in_
         assert (applied.ok, applied.aborted_turns, applied.full_sync) == (True, 0, True)
         busy = next(m for m in sent if isinstance(m, TurnResult) and m.turn_id == "busy")
         assert busy.weight_version == 0  # finished on the weights it started on
-        assert engine.calls == ["stage_weights(v1)", "commit_weights(v1)"]  # no pause, no reload
+        assert engine.calls == ["stage_weights(v1)", "commit_weights(v1)", "reset_prefix_cache"]  # no pause, no reload
         assert runner.weight_version == 1 and not updater.updating
         runner.submit(turn("old", version=0))
         assert [m.reason for m in replies(sent, "old")] == ["version"]

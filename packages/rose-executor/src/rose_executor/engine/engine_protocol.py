@@ -139,7 +139,12 @@ class Engine(Protocol):
 
     async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
         """Apply the staged ``version`` in place between two engine steps, whole or not at all (waits for
-        its pull first); the prefix cache is dropped (its KV came from the old weights)."""
+        its pull first). The prefix cache still holds KV of the old weights: ``reset_prefix_cache`` next."""
+        ...
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (requests still running are preempted and recomputed); False when the engine
+        could not (vLLM answers False while KV blocks are in use)."""
         ...
 
     async def discard_weights(self) -> None:

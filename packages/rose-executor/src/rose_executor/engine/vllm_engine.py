@@ -282,11 +282,12 @@ class VllmEngine:
         )
 
     async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
-        """Apply the staged version in place in every worker (between two engine steps), then drop the
-        prefix cache: its KV came from the old weights."""
+        """Apply the staged version in place in every worker (between two engine steps)."""
         reports = await self.llm.collective_rpc("rose_weights_commit", args=(version, timeout_s))
-        await self.llm.reset_prefix_cache()
         return _combined(version, reports)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(await self.llm.reset_prefix_cache(reset_running_requests=True))
 
     async def discard_weights(self) -> None:
         await self.llm.collective_rpc("rose_weights_discard")

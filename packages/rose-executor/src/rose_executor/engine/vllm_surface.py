@@ -57,7 +57,7 @@ SURFACE: tuple[Touch, ...] = (
     Touch(f"{_LLM}.sleep", "call", ("level",), _ENGINE),
     Touch(f"{_LLM}.wake_up", "call", (), _ENGINE),
     Touch(f"{_LLM}.collective_rpc", "call", ("method", "args"), _ENGINE),
-    Touch(f"{_LLM}.reset_prefix_cache", "call", (), _ENGINE),
+    Touch(f"{_LLM}.reset_prefix_cache", "call", ("reset_running_requests",), _ENGINE),
     Touch(f"{_LLM}.get_supported_tasks", "call", (), _APP),
     Touch(f"{_LLM}.shutdown", "call", ("timeout",), _ENGINE),
     Touch(f"{_LLM}.get_num_unfinished_requests", "call", (), _ENGINE),

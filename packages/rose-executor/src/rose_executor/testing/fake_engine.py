@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from rose_executor.engine.engine_protocol import (
     WeightOrder,
 )
 from rose_executor.engine.engine_spec import EngineSpec, Purpose
+from rose_executor.testing.health_app import health_app
 from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
 from rose_transfer.resident.resident_weights import ResidentWeights
 
@@ -93,6 +94,8 @@ class FakeEngine:
         self.can_release_memory = can_release_memory
         """Like a CUDA engine started with sleep mode (True) or a CPU one (False)."""
         self.memory_released = False
+        self.release_delay_s = 0.0  # how long a release takes (a GPU's sleep: an RPC, other work interleaves)
+        self.prefix_reset_ok = True  # False: like vLLM while KV blocks are in use, a reset answers False
         self.calls: list[str] = []
         self.started: list[str] = []
         self.aborted: list[str] = []
@@ -160,9 +163,10 @@ class FakeEngine:
         self.calls.append("release_memory")
         if self.memory_released:
             return
-        self.memory_released = True
+        self.memory_released = True  # unmapped from the start of the call to its end, and after
         self._paused = True
         await self.abort(list(self._requests))
+        await asyncio.sleep(self.release_delay_s)
         self._cache.clear()
 
     async def restore_memory(self) -> None:
@@ -213,6 +217,7 @@ class FakeEngine:
     async def stage_weights(self, order: WeightOrder) -> None:
         """Pull the version for real (rose-transfer, in this process) into the twin's resident weights."""
         self.calls.append(f"stage_weights(v{order.announce.version})")
+        self._require_mapped("stage")
         await self.discard_weights()
         if self._fetcher is None:
             self._fetcher = WeightFetcher(order.secret, order.receiver_id)
@@ -223,6 +228,7 @@ class FakeEngine:
 
     async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
         self.calls.append(f"commit_weights(v{version})")
+        self._require_mapped("commit")
         staging, self._staging = self._staging, None
         if staging is None or self._fetcher is None:
             raise RoseError(f"weight version {version} was never staged in this engine: stage it first")
@@ -235,7 +241,6 @@ class FakeEngine:
         await self._fetcher.commit_staged(staged)
         offsets, dense = staged.touched()
         self.weights_loaded += 1
-        self._cache.clear()
         return WeightCommit(
             version=version,
             bytes_received=staged.bytes_received,
@@ -246,6 +251,17 @@ class FakeEngine:
             tensors_changed=int(offsets.size > 0) + len(dense),
             digest=self.weights.digest(),
         )
+
+    async def reset_prefix_cache(self) -> bool:
+        self.calls.append("reset_prefix_cache")
+        if self.prefix_reset_ok:
+            self._cache.clear()
+        return self.prefix_reset_ok
+
+    def _require_mapped(self, what: str) -> None:
+        """Like a GPU engine asleep (level 1 unmaps its memory): writing weights into it is an illegal access."""
+        if self.memory_released:
+            raise RoseError(f"cannot {what} weights: the engine's memory is released (unmapped on a GPU)")
 
     async def discard_weights(self) -> None:
         staging, self._staging = self._staging, None
@@ -264,7 +280,7 @@ class FakeEngine:
 
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""
-        return _health_app
+        return health_app
 
     def shutdown(self) -> None:
         if self.shut_down:
@@ -377,24 +393,3 @@ class FakeEngineLauncher:
 
     def close(self) -> None:
         return None
-
-
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-async def _health_app(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    if scope["type"] != "http":
-        return
-    found = scope.get("path") == "/health"
-    status, body = (200, b"{}") if found else (404, b'{"detail": "the fake engine serves /health only"}')
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body})

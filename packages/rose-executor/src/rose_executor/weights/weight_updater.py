@@ -64,6 +64,9 @@ class WeightUpdater:
         self.drain_timeout_s = drain_timeout_s
         self.relay = relay
         self.updating = False
+        self.spoiled = False
+        """A commit went in but did not end right (a digest or prefix cache it cannot vouch for): the runner
+        keeps refusing turns."""
         self.touched = False
         """A version was staged into the engine (its weights may no longer be the policy's own)."""
         self.engine_memory = engine_memory or EngineMemory(engine)
@@ -127,7 +130,8 @@ class WeightUpdater:
             async with self.engine_memory.hold():  # restored first, and not released until committed
                 await self._stage_and_commit(announce, times)
         finally:
-            self.runner.admit()
+            if not self.spoiled:  # a spoiled engine takes no turn again: its job takes it out (a failed apply)
+                self.runner.admit()
             self.updating = False
 
     async def _stage_and_commit(self, announce: WeightAnnounce, times: UpdateTimes) -> None:
@@ -145,6 +149,7 @@ class WeightUpdater:
         # apply: the part of the commit call after the pull finished (the pull overlaps the rest)
         times.apply_s = max(0.0, time.perf_counter() - max(mark, commit.pulled_at))
         times.commit = commit
+        self.spoiled = True  # from here a failure leaves weights or KV in the engine that nobody vouches for
         if commit.version != announce.version:
             raise RoseError(f"the engine committed version {commit.version}, not {announce.version}")
         self.runner.set_version(announce.version)
@@ -153,6 +158,12 @@ class WeightUpdater:
                 f"weight version {announce.version}: the engine holds digest {commit.digest}, the trainer "
                 f"published {announce.manifest_digest} (a bug: report it with this executor's log)"
             )
+        if not await self.engine.reset_prefix_cache():
+            raise RoseError(
+                f"weight version {announce.version} is applied, but the engine could not drop its prefix cache "
+                "(KV blocks of the old weights in use): it takes no more turns (a fresh engine will)"
+            )
+        self.spoiled = False
 
     async def _discard(self) -> None:
         try:
