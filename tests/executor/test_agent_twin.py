@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -321,6 +322,27 @@ async def test_an_update_whose_prefix_cache_stays_fails_and_the_engine_takes_no_
     for name, version in (("new", 1), ("old", 0)):
         peer.send(turn(name, version=version))
         await peer.arrival(TurnAborted, where=lambda a, n=name: a.turn_id == n)  # refused, never run
+    await peer.quiet(1.0, where=lambda msg: isinstance(msg, TurnResult))
+
+
+async def test_a_digest_the_engine_does_not_vouch_for_fails_the_update_and_the_engine_takes_no_more_turns(
+    executor: TwinExecutor,
+) -> None:
+    """The engine's own account of what it holds after the commit (vLLM: the workers' digest, after each copy
+    was checked where it lives) differs from what the trainer published: the update fails, no turn runs."""
+    peer, rollout = executor.controller, executor.launcher.engines[1]
+    real = rollout.commit_weights
+
+    async def off_by_a_bit(version: int, timeout_s: float) -> WeightCommit:
+        return dataclasses.replace(await real(version, timeout_s), digest="0" * 16)
+
+    rollout.commit_weights = off_by_a_bit  # type: ignore[method-assign]
+    with SparsePublisher(secret=weights_key(SECRET), host="127.0.0.1", port=0) as publisher:
+        peer.send(publisher.publish(1, 1, {"w": np.arange(5000, dtype=np.float32)}))
+        failed = await peer.arrival(WeightApplied, timeout=30, where=lambda w: w.version == 1)
+    assert not failed.ok and "the engine holds digest 0000000000000000" in failed.error
+    peer.send(turn("after", version=1))
+    await peer.arrival(TurnAborted, where=lambda a: a.turn_id == "after")
     await peer.quiet(1.0, where=lambda msg: isinstance(msg, TurnResult))
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rose_core.support.errors import RoseError
+from rose_executor.weights import engine_weights
 from rose_executor.weights.engine_weights import EngineWeights
 from rose_transfer import SparsePublisher
 
@@ -158,5 +159,27 @@ def test_a_rotted_base_is_rolled_back_in_the_worker_and_pulled_again(publisher: 
         second, report = pull(weights, publisher, 2, checkpoint(2))
         assert report.digest == second.manifest_digest
         torch.testing.assert_close(model(x), reference(checkpoint(2), x), rtol=0, atol=0)
+    finally:
+        weights.close()
+
+
+def test_a_parameter_held_as_a_copy_is_checked_where_it_lives_after_the_copy(
+    publisher: SparsePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the engine's parameters are copies of the stream: each copy is checked on its device after it
+    is made (a byte sum; a scalar crosses back). A copy that did not land fails the commit."""
+    model = Tiny()
+    weights = EngineWeights(model)
+    try:
+        pull(weights, publisher, 1, checkpoint(1))
+        model.norm.data = model.norm.data.clone()  # its own memory now, as a GPU parameter's
+        state = checkpoint(2)
+        state["norm"] = torch.full((4,), 2.0)
+        pull(weights, publisher, 2, state)
+        torch.testing.assert_close(model.norm.data, state["norm"], rtol=0, atol=0)
+        monkeypatch.setattr(engine_weights, "_copy_into", lambda param, view: None)  # the copy goes nowhere
+        state["norm"] = torch.full((4,), 3.0)
+        with pytest.raises(RoseError, match="norm: the engine's parameter does not hold weight version 3"):
+            pull(weights, publisher, 3, state)
     finally:
         weights.close()

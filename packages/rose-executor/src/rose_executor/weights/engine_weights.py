@@ -14,8 +14,9 @@ loading and drops the source), the stream keeps the source and ``commit`` redoes
 them: O(changed modules), the one step that is not O(changes). Parameters on a GPU are copied from
 the stream per changed tensor.
 
-Invariant: after ``commit`` returns, every bound parameter holds the committed version's bytes, and
-``digest()`` (bucket checksums recomputed from the stream) equals that version's manifest digest.
+Invariant: after ``commit`` returns, every bound parameter holds the committed version's bytes (a parameter the
+engine keeps as a copy, on a GPU, is checked where it lives after the copy), and ``digest()`` (bucket checksums
+recomputed from the stream) equals that version's manifest digest.
 """
 
 from __future__ import annotations
@@ -182,12 +183,13 @@ class EngineWeights:
             binding = self._binding
             changed = [binding.tensors[e.name] for e in touched]
         with torch.no_grad():
-            for bound in changed:
-                if not bound.packed and bound.view.data_ptr() != _param(bound).data_ptr():
-                    _param(bound).copy_(bound.view, non_blocking=True)
+            copies = [b for b in changed if not b.packed and b.view.data_ptr() != _param(b).data_ptr()]
+            for bound in copies:
+                _copy_into(_param(bound), bound.view)
             modules = {id(b.module) for b in changed if b.packed}
             for key in modules:
                 _retransform(binding.packed[key])
+            _verify(copies, manifest.version)
         return len(changed), len(modules)
 
 
@@ -207,6 +209,23 @@ def _holds(entry: TensorEntry, offsets: np.ndarray) -> bool:
     """Whether any offset falls inside the tensor (not in the padding after it)."""
     lo = int(np.searchsorted(offsets, entry.offset, side="left"))
     return lo < offsets.size and int(offsets[lo]) < entry.offset + entry.nbytes
+
+
+def _copy_into(param: torch.Tensor, view: torch.Tensor) -> None:
+    param.copy_(view, non_blocking=True)
+
+
+def _verify(copies: list[_Bound], version: int) -> None:
+    """Each parameter the engine holds as a copy of the stream (on a GPU) holds what the stream holds: a sum of
+    its bytes taken where it lives (a scalar crosses, not the tensor) against the same sum over the stream."""
+    for bound in copies:
+        if _byte_sum(_param(bound)) != _byte_sum(bound.view):
+            raise RoseError(f"{bound.entry.name}: the engine's parameter does not hold weight version {version} "
+                            "after the copy: the update fails (the engine is not used again)")
+
+
+def _byte_sum(tensor: torch.Tensor) -> int:
+    return int(tensor.detach().contiguous().view(torch.uint8).sum(dtype=torch.int64).item())
 
 
 def _param(bound: _Bound) -> torch.Tensor:
