@@ -19,6 +19,7 @@ from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import SamplingParams, WeightAnnounce
 from rose_executor.engine.engine_protocol import WeightCommit, WeightOrder
 from rose_executor.engine.vllm_engine import VllmEngine
+from rose_executor.profile.model_info import kv_bytes_per_token_of
 from rose_transfer import SparsePublisher
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -60,6 +61,18 @@ async def test_generate_from_token_ids(engine: VllmEngine) -> None:
     again = await engine.generate("g2", PROMPT, GREEDY)
     assert again.token_ids == out.token_ids
     assert again.logprobs == out.logprobs
+
+
+async def test_the_engine_reports_the_kv_cache_it_allocated(engine: VllmEngine, policy_dir: Path) -> None:
+    """vLLM's blocks x tokens per block, at the policy's K and V bytes per token, is the cache vLLM sized, to
+    within one block: here 1 GiB, because ``VLLM_CPU_KVCACHE_SPACE=1`` (the tests' conftest) overrides the
+    0.5 GiB the engine was started with. What the serving-first budget is computed from (``memory_budget``):
+    the config alone would have said 0.5 GiB."""
+    cache = engine._llm.vllm_config.cache_config  # type: ignore[union-attr]
+    per_token = kv_bytes_per_token_of(policy_dir)
+    allocated = engine.kv_cache_tokens() * per_token
+    assert cache.kv_cache_memory_bytes == 2**30 != engine.spec.kv_cache_gib * 2**30
+    assert 0 <= cache.kv_cache_memory_bytes - allocated < cache.block_size * per_token
 
 
 async def test_a_long_prompt_is_prefilled_in_chunks_of_the_configured_size(engine: VllmEngine) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rose_core.config.executor_config import (
@@ -89,3 +90,18 @@ def test_memory_budget_on_a_gpu_is_the_engines_memory_fractions(
     assert budget.policy.config.device_bytes == int(h200 * fractions)
     cpu = memory_budget(config)  # kv_cache_gib 0 on CPU: the engines' 1 GiB each
     assert cpu.policy.config.device_bytes > 2 * 2**30
+
+
+def test_the_budget_is_what_the_engines_report_they_hold(policy_dir: Path, serving_dir: Path) -> None:
+    """Once both engines run, the share is their weights plus the KV caches they report (vLLM's blocks x tokens
+    per block, times the model's K and V bytes per token), whatever the config's fractions say; an explicit
+    ``[memory] device_bytes`` still wins."""
+    policy, serving = footprint(str(policy_dir), "bfloat16"), footprint(str(serving_dir), "bfloat16")
+    config = ExecutorConfig(rollout=RolloutSection(model_dir=str(policy_dir)),
+                            serving=ServingSection(model_dir=str(serving_dir)), kv_cache_gib=0.5)
+    budget = memory_budget(config, kv_tokens=(40_000, 10_000))
+    reported = (policy.weight_bytes + serving.weight_bytes + 40_000 * serving.kv_bytes_per_token
+                + 10_000 * policy.kv_bytes_per_token)
+    assert budget.policy.config.device_bytes == reported != memory_budget(config).policy.config.device_bytes
+    pinned = msgspec.structs.replace(config, memory=MemorySection(device_bytes=4 * reported))
+    assert memory_budget(pinned, kv_tokens=(40_000, 10_000)).policy.config.device_bytes == 4 * reported

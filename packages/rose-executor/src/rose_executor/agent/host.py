@@ -144,7 +144,8 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     rollout, version, engine_memory, how = await _rollout_engine(host, model_dir)
     host.engine_memory = engine_memory
     _report_lease(host, lent_bytes=rollout_engine_bytes(cfg, plan.device, model_dir))
-    memory = memory_budget(cfg, plan.device) if host.serving is not None else None
+    memory = (memory_budget(cfg, plan.device, (host.serving.kv_cache_tokens(), rollout.kv_cache_tokens()), model_dir)
+              if host.serving is not None else None)
     host.runner = RolloutRunner(rollout, plan.executor_id, cfg.rollout.capacity, send, weight_version=version,
                                 guarded=host.serving is not None, memory=memory)
     if host.serving is not None:

@@ -122,6 +122,10 @@ class Engine(Protocol):
 
     def num_unfinished_requests(self) -> int: ...
 
+    def kv_cache_tokens(self) -> int:
+        """The KV cache the engine allocated, in tokens (vLLM: its blocks x tokens per block)."""
+        ...
+
     def add_activity_listener(self, listener: ActivityListener) -> None:
         """Call ``listener()`` on every request added and after every engine iteration that finished one."""
         ...

@@ -194,6 +194,10 @@ class VllmEngine:
             for rid, state in list(self.llm.output_processor.request_states.items())
         ]
 
+    def kv_cache_tokens(self) -> int:
+        cache = self.llm.vllm_config.cache_config
+        return int(cache.num_gpu_blocks or 0) * int(cache.block_size or 0)
+
     # ---------------------------------------------------------------- generation
 
     async def generate(

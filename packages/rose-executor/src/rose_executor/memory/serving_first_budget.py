@@ -87,14 +87,19 @@ class ServingFirstBudget:
         return True
 
 
-def memory_budget(config: ExecutorConfig, device: Device | None = None) -> ServingFirstBudget:
-    """The serving-first budget of this serving host (``[memory] device_bytes``, or the derived share of
-    ``device``, the CPU when None)."""
+def memory_budget(config: ExecutorConfig, device: Device | None = None, kv_tokens: tuple[int, int] = (0, 0),
+                  rollout_model_dir: str = "") -> ServingFirstBudget:
+    """The serving-first budget of this serving host: ``[memory] device_bytes``, else what the two engines hold
+    as they report it (weights plus ``kv_tokens``, serving's and rollout's KV caches in tokens, from vLLM's
+    blocks), else the share of ``device`` (the CPU when None) derived from the config."""
     serving = footprint(config.serving.model_dir, config.dtype)
-    rollout = footprint(config.rollout.model_dir, config.dtype)
-    share = serving_host_bytes(config, device or Device("cpu"))
+    rollout = footprint(rollout_model_dir or config.rollout.model_dir, config.dtype)
+    reported = serving.weight_bytes + rollout.weight_bytes + engines_kv_bytes(serving, rollout, kv_tokens)
+    share = config.memory.device_bytes or (reported if all(kv_tokens) else serving_host_bytes(config, device or Device("cpu")))
+    where = ("[memory] device_bytes" if config.memory.device_bytes
+             else "the engines' weights and reported KV caches" if all(kv_tokens) else "derived from the engines' shares")
     log.info("serving-first memory: %.1f MB for serving + rollout (%s); budget enforced by admission",
-             share / 1e6, "[memory] device_bytes" if config.memory.device_bytes else "derived from the engines' shares")
+             share / 1e6, where)
     policy = MemoryPolicyConfig(
         device_bytes=share,
         rollout_weight_bytes=rollout.weight_bytes,
@@ -102,6 +107,11 @@ def memory_budget(config: ExecutorConfig, device: Device | None = None) -> Servi
         high_watermark=config.memory.high_watermark,
     )
     return ServingFirstBudget(policy, serving, rollout)
+
+
+def engines_kv_bytes(serving: ModelFootprint, rollout: ModelFootprint, kv_tokens: tuple[int, int]) -> int:
+    """The bytes of the two engines' KV caches, from the tokens they report."""
+    return serving.kv_bytes_per_token * kv_tokens[0] + rollout.kv_bytes_per_token * kv_tokens[1]
 
 
 def host_share(config: ExecutorConfig, serving: ModelFootprint, rollout: ModelFootprint, device: Device) -> int:

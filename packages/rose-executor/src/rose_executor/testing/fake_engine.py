@@ -94,6 +94,7 @@ class FakeEngine:
         self.can_release_memory = can_release_memory
         """Like a CUDA engine started with sleep mode (True) or a CPU one (False)."""
         self.memory_released = False
+        self.kv_tokens = 1 << 16  # the KV cache it reports (kv_cache_tokens)
         self.release_delay_s = 0.0  # how long a release takes (a GPU's sleep: an RPC, other work interleaves)
         self.prefix_reset_ok = True  # False: like vLLM while KV blocks are in use, a reset answers False
         self.calls: list[str] = []
@@ -200,6 +201,9 @@ class FakeEngine:
             )
             for r in self._requests.values()
         ]
+
+    def kv_cache_tokens(self) -> int:
+        return self.kv_tokens
 
     def num_unfinished_requests(self) -> int:
         return len(self._requests)
