@@ -5,9 +5,11 @@
 #   1. the co-serving guard on real contention, three seeds (issue 12's GPU item): benchmarks/gpu/admission
 #   2. the device codec on 2^30 bf16 elements, 1% changed: benchmarks/gpu/codec_bench.py
 #   3. the tests marked `gpu` (they skip everywhere else)
+#   4. issue 32's start-up and commit check: benchmarks/gpu/startup_check.py (the fork after a CUDA-runtime
+#      device count fails, after the executor's NVML count it works; an in-place commit into CUDA parameters)
 #
 # Every step has its own time limit, so one that hangs leaves the others' results. Output under $OUT:
-# admission_seed{0,1,2}.json, codec.json, gpu_tests.txt, log.txt (everything on stderr).
+# admission_seed{0,1,2}.json, codec.json, gpu_tests.txt, startup.json, log.txt (everything on stderr).
 set -u
 OUT=${OUT:-/tmp/rose-gpu-out}
 mkdir -p "$OUT"
@@ -31,6 +33,9 @@ admission() {  # seed
     rm -f "$OUT/admission_seed$1.stdout" "$OUT/gpu_admission.json"
 }
 
+PYTHONPATH=$SRC:${PYTHONPATH:-} timeout 240 python3 benchmarks/gpu/startup_check.py > "$OUT/startup.json"
+echo "startup check: rc=$?" >&2
+cat "$OUT/startup.json" >&2
 admission 0
 timeout 120 python3 benchmarks/gpu/codec_bench.py --block-sweep 1024,2048,4096,16384 > "$OUT/codec.json"
 echo "codec bench: rc=$?" >&2
