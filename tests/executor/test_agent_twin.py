@@ -636,7 +636,8 @@ async def test_a_kept_policy_is_pre_deployed_and_each_next_job_activates_it_inst
     async with twin(keeping_config) as executor:
         peer, (serving, rollout) = executor.controller, executor.launcher.engines
         assert executor.register.weight_version == 0
-        assert rollout.calls[:2] == ["pause(keep=False, clear_cache=True)", "resume"]
+        # checked at its start (it could be patched), made inactive, activated by the first lease
+        assert rollout.calls[:3] == ["check_weights", "pause(keep=False, clear_cache=True)", "resume"]
         peer.send(turn("a1"))
         assert (await peer.arrival(TurnResult, where=lambda r: r.turn_id == "a1")).output_token_ids.size
         register = await end_and_welcome_again(executor, "job-b")

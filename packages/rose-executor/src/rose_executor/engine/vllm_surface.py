@@ -116,6 +116,9 @@ SURFACE: tuple[Touch, ...] = (
     Touch("vllm.model_executor.layers.linear:RowParallelLinear", "assigned",
           ("input_size_per_partition", "output_size_per_partition", "quant_method"), "weights/engine_weights.py"),
     Touch("vllm.model_executor.layers.utils", "assigned", ("cpu_linear",), "weights/engine_weights.py"),
+    Touch("vllm.model_executor.layers.linear:UnquantizedLinearMethod", "symbol", used_in="weights/engine_weights.py"),
+    Touch("vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod", "symbol",
+          used_in="weights/engine_weights.py (PATCHABLE, by class name)"),
     Touch("vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase.process_weights_after_loading",
           "call", ("layer",), "weights/engine_weights.py"),
 )

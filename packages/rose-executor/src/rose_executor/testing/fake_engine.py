@@ -8,15 +8,13 @@ each step lasts ``model.step_s(decode batch, prefill tokens)`` and ends with one
 sequence and the first token of every sequence whose prefill it completed. ``pause(keep_requests=True)``
 lands between steps (the step in flight still finishes, as in vLLM); ``abort`` ends a request with reason
 ``abort``; ``live_requests()`` stamps arrival and last token on the clock. Prefix caching keeps 128-token
-blocks of finished prompts (dropped on a weight commit); token ids are a deterministic function of the
+blocks of finished prompts (dropped by ``reset_prefix_cache``); token ids are a deterministic function of the
 prompt, the position and how many weight versions were committed. Weight versions are pulled for real
-(rose-transfer's ``WeightFetcher``) into ``weights`` (``ResidentWeights``): patches, checksums and
-rollback are the real ones, only the model is missing.
-
+(rose-transfer's ``WeightFetcher``) into ``weights``: patches, checksums and rollback are the real ones.
 ``release_memory`` / ``restore_memory`` act like vLLM's sleep level 1 and wake-up when the twin is built with
 ``can_release_memory=True`` (its launcher does so for a spec with sleep mode) and refuse otherwise. It records
-``calls`` (``pause(keep=...)``, ``resume``, ``stage_weights``, ``commit_weights``, ``release_memory``,
-``restore_memory`` in order), ``started`` (request ids in ``generate`` order), ``aborted`` and ``listeners``.
+``calls`` (the protocol's calls in order: ``pause(keep=...)``, ``stage_weights(vN)``, ``release_memory``...),
+``started`` (request ids in ``generate`` order), ``aborted`` and ``listeners``.
 """
 
 from __future__ import annotations
@@ -217,6 +215,9 @@ class FakeEngine:
 
     def attach_observer(self, observer: EngineStatsObserver | None) -> None:
         self._observer = observer
+
+    async def check_weights(self, shapes: dict[str, list[int]]) -> None:
+        self.calls.append("check_weights")
 
     async def stage_weights(self, order: WeightOrder) -> None:
         """Pull the version for real (rose-transfer, in this process) into the twin's resident weights."""

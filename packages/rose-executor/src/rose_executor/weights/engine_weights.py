@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ from rose_transfer.version.torch_tensors import as_tensor
 from rose_transfer.wire.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
+PATCHABLE = frozenset({"NoneType", "UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"})
+"""How a module may hold its weights for ROSE to patch them (vLLM's quant methods, by class name)."""
 
 
 @dataclass(slots=True)
@@ -86,6 +89,31 @@ class EngineWeights:
         self._fetcher: WeightFetcher | None = None
         self._staging: Future[StagedVersion] | None = None
         self._binding: _Binding | None = None
+
+    # ---------------------------------------------------------------- at the engine's start
+
+    def check(self, shapes: Mapping[str, Sequence[int]], model: str) -> None:
+        """The first bind as a dry run, when the engine starts: every parameter has a tensor of its shape in
+        the policy's engine layout (``policy_layout.engine_shapes``) and is held in a form ROSE can patch;
+        else ``RoseError`` naming ``model`` and the parameter (never at the first weight update)."""
+        params = dict(self.model.named_parameters())
+        unmatched = sorted(set(params) ^ set(shapes))
+        if unmatched:
+            raise RoseError(f"{model}: ROSE cannot update this model in place: {unmatched[:3]} is in the engine or "
+                            "the checkpoint but not both (a fusion the engine layout does not know, e.g. stacked "
+                            "MoE experts): use a dense Llama-, Qwen2- or Qwen3-style policy")
+        for name, param in params.items():
+            module_name, _, attr = name.rpartition(".")
+            module = self.model.get_submodule(module_name)
+            method = type(getattr(module, "quant_method", None)).__name__
+            if method not in PATCHABLE:
+                raise RoseError(f"{model}: {name} is held by {method} (quantized or fused): ROSE patches "
+                                "unquantized weights only; roll out with an unquantized policy")
+            expected = list(param.shape) if param.numel() else _packed_shape(module, attr)
+            if expected is not None and expected != list(shapes[name]):
+                raise RoseError(f"{model}: {name} is {expected} in the engine but {list(shapes[name])} in the "
+                                "checkpoint's engine layout (a tensor-parallel shard?): run the rollout engine "
+                                "with tensor_parallel_size = 1")
 
     # ---------------------------------------------------------------- stage, then commit
 

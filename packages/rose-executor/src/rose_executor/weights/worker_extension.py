@@ -27,6 +27,10 @@ class RoseWorkerExtension:
             self._rose_engine_weights = weights
         return weights
 
+    def rose_weights_check(self, shapes: dict[str, list[int]], model: str) -> None:
+        """At the engine's start: raise unless every parameter can be patched from ``shapes``' layout."""
+        self._rose_weights().check(shapes, model)
+
     def rose_weights_stage(self, announce: bytes, secret: bytes, receiver_id: str, relay: str) -> None:
         """Start pulling the announced version (msgpack ``WeightAnnounce``) in the background."""
         order = msgspec.msgpack.decode(announce, type=WeightAnnounce)
