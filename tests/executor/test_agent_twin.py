@@ -306,6 +306,21 @@ async def test_failed_fetch_keeps_the_version(executor: TwinExecutor) -> None:
     assert beat.load.weight_version == 0 and beat.load.state == "ready"
 
 
+async def test_an_update_that_finds_the_rollout_engine_dead_says_so(executor: TwinExecutor) -> None:
+    """The rollout engine's process died during an update: the failure names it (the job and the operator read
+    "the rollout engine died", not only vLLM's own words)."""
+    peer, rollout = executor.controller, executor.launcher.engines[1]
+
+    async def dead(order: object) -> None:
+        rollout.errored = True
+        raise RuntimeError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+    rollout.stage_weights = dead  # type: ignore[assignment]
+    peer.send(WeightAnnounce(version=2, step=2, source="tcp://127.0.0.1:1"))
+    failed = await peer.arrival(WeightApplied, timeout=10, where=lambda w: w.version == 2)
+    assert not failed.ok and failed.error.startswith("the rollout engine died: EngineCore encountered an issue")
+
+
 async def test_an_update_whose_prefix_cache_stays_fails_and_the_engine_takes_no_more_turns(
     executor: TwinExecutor,
 ) -> None:

@@ -115,8 +115,9 @@ class WeightUpdater:
             return
         except Exception as exc:
             await self._discard()
-            log.warning("weight version %d not applied: %s", announce.version, exc)
-            self._reply(announce.version, time.perf_counter() - started, times, error=str(exc) or type(exc).__name__)
+            error = ("the rollout engine died: " if self.engine.errored else "") + (str(exc) or type(exc).__name__)
+            log.warning("weight version %d not applied: %s", announce.version, error)
+            self._reply(announce.version, time.perf_counter() - started, times, error=error)
             return
         seconds = time.perf_counter() - started
         metrics.WEIGHT_APPLY_SECONDS.observe(seconds)
