@@ -207,3 +207,26 @@ async def test_the_client_knows_how_long_its_link_to_the_controller_has_been_dow
         assert nowhere.down_for(time.monotonic()) >= 0.2  # never up: down since it started
     finally:
         nowhere.close()
+
+
+async def test_a_frame_from_the_controller_says_the_link_is_up_whatever_the_monitor_missed() -> None:
+    """A serving host's lease ended 18 s into a lease whose controller answered all along: the monitor never
+    saw the handshake (it was attached after the connection; now before). Whatever it misses, a frame that
+    arrives from the controller says the link is up."""
+    server = ControlServer("tcp://127.0.0.1:0", SECRET)
+    got: list[object] = []
+    client = LoopControlClient(server.address, SECRET, "e1", on_message=lambda _peer, msg: got.append(msg))
+    try:
+        client.send(m.Hello(peer_id="e1", kind="executor"))
+        peer = None
+        while peer is None:
+            peer = server.recv(0.05)
+            await asyncio.sleep(0)
+        client._down_since = time.monotonic() - 100  # as if the monitor had missed the handshake
+        server.send(peer[0], m.Welcome(controller_id="c", heartbeat_interval_s=1.0))
+        while not got:
+            await asyncio.sleep(0.01)
+        assert client.down_for(time.monotonic()) == 0
+    finally:
+        client.close()
+        server.close()

@@ -70,7 +70,7 @@ max_model_len = 1024
 max_tokens_per_turn = 24
 eval.every = 0
 """
-A_STEPS, C_STEPS = 3, 12
+A_STEPS, C_STEPS = 2, 12
 """C runs on the host alone until the revocation (about five steps: its lease is down while its rollout engine
 is stopped and restarted), then on the dedicated executor started after it."""
 HOST = {"lease_expiry_s": 5.0, "lend_retry_s": 0.5, "rollout": {"call_timeout_s": 5.0}}
@@ -248,7 +248,7 @@ def standing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         production = engine_cores(host.pid)
         load.start()
         phases.mark("serving alone")
-        time.sleep(6)
+        time.sleep(5)
         gauges["before"] = lease_gauges(metrics_url)
 
         with LiveRun(work, job_text["a"], A_STEPS, command="controller", name="-a", args=controller) as a:
@@ -260,7 +260,7 @@ def standing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         until("A's lease over", lambda: lease_gauges(metrics_url)[0] == 0, 120)
         gauges["a"] = lease_gauges(metrics_url)
         phases.mark("alone after A")
-        time.sleep(3)
+        time.sleep(2)
 
         with LiveRun(work, job_text["b"], 200, command="controller", name="-b", args=controller) as b:
             phases.mark("attach B")
@@ -291,7 +291,7 @@ def standing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             until("B's lease expired", lambda: lease_gauges(metrics_url)[0] == 0, 60)
             gauges["b"] = lease_gauges(metrics_url)
         phases.mark("alone after B")
-        time.sleep(3)
+        time.sleep(2)
 
         (work / "job-c.toml").write_text(job_text["c"])
         write_executor_config(work / "dedicated.toml", executor_config(load_config(work / "job-c.toml"), "dedicated",
@@ -324,7 +324,7 @@ def standing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             dedicated = start_executor(work, secret, port, "dedicated", work / "dedicated.toml")
             reports["c"] = c.finish()
         out["dedicated_code"] = dedicated.wait(120)  # C released it at its end: a job's own executor stops
-        time.sleep(3)
+        time.sleep(2)
         phases.mark("end")
         load.stop()
         time.sleep(2)

@@ -44,9 +44,13 @@ class LoopControlClient(Inbound[FromController]):
         self._loop = asyncio.get_running_loop()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock = control_socket(self._ctx, zmq.DEALER, max_message_bytes)
+        # the monitor before the connection: a handshake completed before it was attached is an event it never
+        # sees, and the link would count as down from the start (a lease ended for a controller that was there)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
             connect_client(self._sock, address, peer_id, encrypt_with)
         except RoseError:
+            self._monitor.close(0)
             self._sock.close(0)
             self._ctx.term()
             raise
@@ -58,7 +62,6 @@ class LoopControlClient(Inbound[FromController]):
         self._loop.add_reader(self._fd, self._drain)
         self._schedule_drain()  # what arrived before the reader was added raised no edge it saw
         self._down_since: float | None = time.monotonic()
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self._monitor_fd: int = self._monitor.FD
         self._loop.add_reader(self._monitor_fd, self._watch_link)
         self._loop.call_soon(self._watch_link)
@@ -124,5 +127,6 @@ class LoopControlClient(Inbound[FromController]):
             if self._closed or not int(self._sock.EVENTS) & zmq.POLLIN:
                 return
             frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            self._down_since = None  # a frame from the controller: the link is up, whatever the monitor saw
             self._receive(b"controller", [f.buffer for f in frames])
         self._schedule_drain()
