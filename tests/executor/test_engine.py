@@ -22,7 +22,6 @@ from rose_core.support.errors import RoseError
 from rose_executor.engine.engine_protocol import WeightCommit, WeightOrder
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.profile.model_info import kv_bytes_per_token_of
-from rose_executor.weights.policy_layout import engine_shapes
 from rose_transfer import SparsePublisher
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -79,17 +78,14 @@ async def test_the_engine_reports_the_kv_cache_it_allocated(engine: VllmEngine, 
 
 
 async def test_the_check_at_start_passes_the_policy_and_names_what_it_could_not_patch(
-    engine: VllmEngine, policy_dir: Path
+    engine: VllmEngine, policy_dir: Path, serving_dir: Path
 ) -> None:
-    """The dry run ``start_lending`` makes on every new rollout engine, in vLLM's worker: the checkpoint's
-    engine-layout shapes bind to every parameter (packed linear layers included); a layout that would not
-    (here a shard's shape) is refused with the parameter's name, before any update."""
-    shapes = engine_shapes(policy_dir)
-    await engine.check_weights(shapes)
-    name = next(n for n in shapes if n.endswith("qkv_proj.weight"))
-    halved = {**shapes, name: [shapes[name][0] // 2, shapes[name][1]]}
-    with pytest.raises(RoseError, match=rf"{re.escape(name)} is .* in the engine but .* tensor_parallel_size = 1"):
-        await engine.check_weights(halved)
+    """The dry run ``start_lending`` makes on every new rollout engine, in vLLM's worker: the policy
+    checkpoint's engine-layout shapes bind to every parameter (packed linear layers included); a checkpoint
+    that would not (here another model's) is refused naming the model and a parameter, before any update."""
+    await engine.check_weights(str(policy_dir))
+    with pytest.raises(RoseError, match=rf"{re.escape(str(serving_dir))}: .*(in the engine but|in place)"):
+        await engine.check_weights(str(serving_dir))
 
 
 async def test_a_long_prompt_is_prefilled_in_chunks_of_the_configured_size(engine: VllmEngine) -> None:

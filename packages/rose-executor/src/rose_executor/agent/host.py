@@ -37,7 +37,6 @@ from rose_executor.rollout.engine_memory import EngineMemory
 from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
 from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
-from rose_executor.weights.policy_layout import engine_shapes
 from rose_executor.weights.weight_updater import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -184,7 +183,7 @@ async def _check_patchable(engine: Engine, model_dir: str) -> None:
     if tp > 1:
         raise RoseError(f"{model_dir}: ROSE updates a rollout engine's weights whole, and tensor_parallel_size = "
                         f"{tp} shards them: run the rollout engine with tensor_parallel_size = 1")
-    await engine.check_weights(engine_shapes(model_dir))
+    await engine.check_weights(model_dir)
 
 
 async def give_turns_back(host: Host, why: str) -> None:

@@ -136,9 +136,9 @@ class Engine(Protocol):
         """Start forwarding per-iteration serving stats to ``observer`` (``None``: to nobody from now on)."""
         ...
 
-    async def check_weights(self, shapes: dict[str, list[int]]) -> None:
+    async def check_weights(self, model_dir: str) -> None:
         """At a rollout engine's start: raise ``RoseError`` (naming the model and the parameter) unless every
-        parameter can be patched in place from tensors of these engine-layout ``shapes``."""
+        parameter can be patched in place from the policy checkpoint in ``model_dir`` (its own, as a rule)."""
         ...
 
     async def stage_weights(self, order: WeightOrder) -> None:

@@ -293,9 +293,9 @@ class VllmEngine:
     async def reset_prefix_cache(self) -> bool:
         return bool(await self.llm.reset_prefix_cache(reset_running_requests=True))
 
-    async def check_weights(self, shapes: dict[str, list[int]]) -> None:
+    async def check_weights(self, model_dir: str) -> None:
         try:
-            await self.llm.collective_rpc("rose_weights_check", args=(shapes, str(self.spec.model_dir)))
+            await self.llm.collective_rpc("rose_weights_check", args=(model_dir,))
         except Exception as exc:  # vLLM wraps the worker's RoseError: keep its message, the one that names the fix
             raise RoseError(str(exc).split("Worker failed with error '", 1)[-1].split("', please check")[0]) from exc
 

@@ -216,7 +216,7 @@ class FakeEngine:
     def attach_observer(self, observer: EngineStatsObserver | None) -> None:
         self._observer = observer
 
-    async def check_weights(self, shapes: dict[str, list[int]]) -> None:
+    async def check_weights(self, model_dir: str) -> None:
         self.calls.append("check_weights")
 
     async def stage_weights(self, order: WeightOrder) -> None:

@@ -21,19 +21,24 @@ recomputed from the stream) equals that version's manifest digest.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import TensorEntry, WeightAnnounce, WeightManifest
 from rose_core.support.errors import RoseError
+from rose_executor.profile.model_info import read_safetensors_header
 from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
+from rose_transfer.plan.engine_layout import to_engine_layout
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.torch_tensors import as_tensor
 from rose_transfer.wire.loop_thread import LoopThread
@@ -94,7 +99,7 @@ class EngineWeights:
 
     def check(self, shapes: Mapping[str, Sequence[int]], model: str) -> None:
         """The first bind as a dry run, when the engine starts: every parameter has a tensor of its shape in
-        the policy's engine layout (``policy_layout.engine_shapes``) and is held in a form ROSE can patch;
+        the policy's engine layout (``engine_shapes``) and is held in a form ROSE can patch;
         else ``RoseError`` naming ``model`` and the parameter (never at the first weight update)."""
         params = dict(self.model.named_parameters())
         unmatched = sorted(set(params) ^ set(shapes))
@@ -319,3 +324,20 @@ def _retransform(tensors: list[_Bound]) -> None:
         setattr(module, bound.attr, torch.nn.Parameter(bound.view, requires_grad=False))
     method: Any = getattr(module, "quant_method")  # noqa: B009 (an engine attribute torch does not type)
     method.process_weights_after_loading(module)
+
+
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+
+
+def engine_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Every tensor of the policy in ``model_dir`` as a vLLM rollout engine holds it: name -> shape."""
+    root = Path(model_dir)
+    config = json.loads((root / "config.json").read_text())
+    tensors = {}
+    for file in sorted(root.glob("*.safetensors")):
+        for name, info in read_safetensors_header(file)[0].items():
+            if name != "__metadata__":
+                dtype = _SAFETENSORS_DTYPES.get(str(info["dtype"]), torch.uint8)
+                tensors[name] = torch.empty(info["shape"], dtype=dtype, device="meta")
+    layout = EngineLayout(engine="vllm", tie_word_embeddings=bool(config.get("tie_word_embeddings", False)))
+    return {name: list(tensor.shape) for name, tensor in to_engine_layout(tensors, layout).items()}

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from rose_core.protocol.messages import WeightAnnounce
-from rose_executor.weights.engine_weights import EngineWeights
+from rose_executor.weights.engine_weights import EngineWeights, engine_shapes
 
 
 class RoseWorkerExtension:
@@ -27,9 +27,9 @@ class RoseWorkerExtension:
             self._rose_engine_weights = weights
         return weights
 
-    def rose_weights_check(self, shapes: dict[str, list[int]], model: str) -> None:
-        """At the engine's start: raise unless every parameter can be patched from ``shapes``' layout."""
-        self._rose_weights().check(shapes, model)
+    def rose_weights_check(self, model_dir: str) -> None:
+        """At the engine's start: raise unless every parameter can be patched from the policy in ``model_dir``."""
+        self._rose_weights().check(engine_shapes(model_dir), model_dir)
 
     def rose_weights_stage(self, announce: bytes, secret: bytes, receiver_id: str, relay: str) -> None:
         """Start pulling the announced version (msgpack ``WeightAnnounce``) in the background."""
