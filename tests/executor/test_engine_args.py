@@ -145,13 +145,17 @@ def test_a_serving_hosts_key_and_tls_files_are_checked_at_start(tmp_path: Path) 
         ({"device": "auto"}, "must be resolved first"),
         ({"device": "tpu"}, "`device` must be"),
         ({"enable_sleep_mode": True}, "not with sleep mode"),
-        ({"tensor_parallel_size": 2, "enforce_eager": False}, "not with tensor_parallel_size = 2, CUDA graphs"),
+        ({"enforce_eager": False}, "not with CUDA graphs"),
+        ({"tensor_parallel_size": 2}, r"tensor_parallel_size = 2 needs VLLM_CPU_OMP_THREADS_BIND .* \(e.g. '0\|1'\)"),
         ({"kv_cache_gib": 0.0}, "a CPU engine needs kv_cache_gib > 0"),
         ({"device": "cuda:0"}, r"needs gpu_memory_utilization in \(0, 1\]"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
     ],
 )
-def test_an_engine_spec_refuses_settings_its_device_cannot_run(settings: dict[str, object], message: str) -> None:
+def test_an_engine_spec_refuses_settings_its_device_cannot_run(
+    settings: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     with pytest.raises(RoseError, match=message):
         EngineSpec(model_dir=Path("m"), **settings)  # type: ignore[arg-type]
 

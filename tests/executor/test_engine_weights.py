@@ -4,13 +4,17 @@ redone only for the modules whose tensors changed."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from rose_core.protocol.messages import ShardView
 from rose_core.support.errors import RoseError
 from rose_executor.weights import engine_weights
 from rose_executor.weights.engine_weights import EngineWeights
@@ -197,8 +201,30 @@ def test_the_check_at_start_refuses_what_rose_could_not_patch_and_names_it() -> 
     weights.check(shapes, "tiny")  # the packed modules' dropped weights are sized by their partitions
     with pytest.raises(RoseError, match=r"tiny: ROSE cannot update this model in place: \['norm'\]"):
         weights.check({k: v for k, v in shapes.items() if k != "norm"}, "tiny")
-    with pytest.raises(RoseError, match=r"b.weight is \[3, 6\] in the engine but \[3, 3\] .* tensor_parallel_size = 1"):
+    with pytest.raises(RoseError, match=r"b.weight is \[3, 6\] in the engine but \[3, 3\] .* start it on the policy.s own directory"):
         weights.check({**shapes, "b.weight": [3, 3]}, "tiny")
     model.a.quant_method = Fp8LinearMethod()
     with pytest.raises(RoseError, match=r"a.weight is held by Fp8LinearMethod .* unquantized policy"):
         weights.check(shapes, "tiny")
+
+
+def test_a_ranks_shapes_at_start_are_its_shards_of_the_policy(policy_dir: Path, tmp_path: Path) -> None:
+    """What rank r of a tensor-parallel engine must hold of the demo policy (4 heads, 2 KV heads of 32, vocabulary
+    160 padded to 192): half the heads of q, k and v, half the gate and up rows, half the input columns of o and
+    down, half the padded vocabulary rows; norms whole. A config without its attention shape cannot be split."""
+    whole = engine_weights.engine_shapes(policy_dir)
+    for rank in (0, 1):
+        shard = engine_weights.engine_shapes(policy_dir, ShardView(tp=2, rank=rank))
+        layer = "model.layers.0."
+        assert shard[layer + "self_attn.qkv_proj.weight"] == [128, 128] and whole[layer + "self_attn.qkv_proj.weight"] == [256, 128]
+        assert shard[layer + "mlp.gate_up_proj.weight"] == [256, 128] and shard[layer + "mlp.down_proj.weight"] == [128, 128]
+        assert shard[layer + "self_attn.o_proj.weight"] == [128, 64] and shard["lm_head.weight"] == [96, 128]
+        assert shard["model.norm.weight"] == whole["model.norm.weight"] == [128]
+    bare = tmp_path / "bare"
+    shutil.copytree(policy_dir, bare)
+    config = json.loads((bare / "config.json").read_text())
+    config.pop("num_attention_heads")
+    (bare / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RoseError, match=r"bare: ROSE cannot split this model over 2 tensor-parallel ranks: .*attention"):
+        engine_weights.engine_shapes(bare, ShardView(tp=2, rank=0))
+    assert engine_weights.engine_shapes(bare) == whole  # unsharded, it needs no attention shape

@@ -10,7 +10,7 @@ from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.support.errors import RoseError
 from rose_transfer.codec.patch_encoder import build_patch
 from rose_transfer.codec.patch_positions import changed_offsets
-from rose_transfer.plan.engine_layout import to_engine_layout
+from rose_transfer.plan.engine_layout import engine_shards, to_engine_layout
 
 VLLM = EngineLayout(tie_word_embeddings=False)
 
@@ -98,3 +98,33 @@ def test_changed_offsets_are_exactly_the_words_a_patch_writes() -> None:
     payload = build_patch(base, new, 2)
     assert payload is not None
     assert changed_offsets(payload, base.nbytes).tolist() == [6, 800, 1998]
+
+
+def test_a_version_published_in_the_engines_layout_says_how_each_tensor_splits_when_the_heads_are_known() -> None:
+    """The publisher annotates every engine tensor with its shard spec (so a tensor-parallel rank can pull its
+    shard); without the attention shape the version is whole-only, and an engine that needs it says so."""
+    import asyncio
+
+    from rose_transfer import SparsePublisher
+    from rose_transfer.fetch.fetcher import WeightFetcher
+    from rose_transfer.resident.resident_weights import ResidentWeights
+
+    secret = b"engine-layout-test-secret-0123456789"
+    ckpt, p = llama_layer(hidden=8, kv=4), "model.layers.0."
+    heads = EngineLayout(tie_word_embeddings=False, num_heads=4, num_kv_heads=2, head_dim=2)
+    shards = {}
+    with SparsePublisher(secret=secret, host="127.0.0.1", port=0) as publisher:
+        for version, layout in ((1, heads), (2, VLLM)):
+            target = ResidentWeights()
+            asyncio.run(WeightFetcher(secret, "r").fetch_into(publisher.publish(version, version, ckpt, layout=layout),
+                                                              target))
+            assert target.manifest is not None
+            shards[version] = {e.name: e.shard for e in target.manifest.tensors}
+    assert shards[1][p + "self_attn.qkv_proj.weight"] == "qkv;sections=8@2,4@2,4@2"
+    assert shards[1][p + "mlp.gate_up_proj.weight"] == "gate_up;sections=12,12"
+    assert (shards[1][p + "mlp.down_proj.weight"], shards[1]["lm_head.weight"]) == ("row", "vocab;pad=64")
+    assert shards[1]["model.norm.weight"] == "replicated"
+    assert set(shards[2].values()) == {"replicated"}
+    shapes = {name: tuple(t.shape) for name, t in to_engine_layout(ckpt, VLLM).items()}
+    with pytest.raises(RoseError, match=r"attention shape .* is unknown"):
+        engine_shards(shapes, VLLM, strict=True)

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose_core.protocol.messages import ShardView
-from rose_transfer.bench.shard_inference import infer_shard_spec
 from rose_transfer.codec.bucket_codec import PATCH, decode_bucket, encode_bucket
 from rose_transfer.codec.patch_encoder import build_patch, build_patch_runs, prepare
 from rose_transfer.codec.scan_buffers import scan_buffers
 from rose_transfer.codec.sparse_patch import HEADER
 from rose_transfer.codec.varint import encode_varints
 from rose_transfer.codec.words import word_view
+from rose_transfer.plan.shard_inference import infer_shard_spec
 from rose_transfer.plan.view_cut import view_cut, view_manifest
 from rose_transfer.serve.bucket_patch import patch_reply
 from rose_transfer.serve.served_view import ServedView

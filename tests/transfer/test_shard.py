@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rose_core.support.errors import RoseError
 from rose_transfer.bench.pipeline_layout import PipelineLayout
-from rose_transfer.bench.shard_inference import ModelShape, infer_shard_spec
+from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
 from rose_transfer.plan.shard_plan import assemble, needed_buckets, plan_tensor, receiver_segments
 from rose_transfer.plan.shard_spec import Section, ShardSpec, local_shape
 from rose_transfer.version.manifest import flatten

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import Register, Role
-from rose_core.support.errors import RoseError
 from rose_executor import metrics
 from rose_executor.agent.inactive_policy import InactivePolicy, activate, deactivate
 from rose_executor.co_serving.co_serving import CoServing
@@ -178,11 +177,8 @@ async def _rollout_engine(host: Host, model_dir: str) -> tuple[Engine, int, Engi
 
 async def _check_patchable(engine: Engine, model_dir: str) -> None:
     """Refuse at start a rollout engine whose weights ROSE could not update in place (its first update would
-    fail): tensor-parallel shards, quantized or fused layouts, names the checkpoint lacks."""
-    tp = engine.spec.tensor_parallel_size
-    if tp > 1:
-        raise RoseError(f"{model_dir}: ROSE updates a rollout engine's weights whole, and tensor_parallel_size = "
-                        f"{tp} shards them: run the rollout engine with tensor_parallel_size = 1")
+    fail): quantized or fused layouts, names the checkpoint lacks, a model it cannot split over the engine's
+    tensor-parallel ranks, pipeline stages."""
     await engine.check_weights(model_dir)
 
 

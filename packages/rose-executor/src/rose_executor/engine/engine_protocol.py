@@ -35,6 +35,8 @@ class WeightCommit:
 
     version: int
     bytes_received: int = 0
+    worker_bytes: tuple[int, ...] = ()
+    """What each worker pulled (a tensor-parallel rank: its shard), in rank order; they add up to ``bytes_received``."""
     stage_s: float = 0.0
     """The pull (runs while the engine steps)."""
     pulled_at: float = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,7 +19,9 @@ class EngineSpec:
     (``require_model``), so a twin can carry a spec without a model on disk.
 
     On CPU, ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB), when set, overrides ``kv_cache_gib`` (vLLM's platform code).
-    A CPU engine runs eager, unsharded and without sleep mode (vllm-cpu needs eager and cannot sleep); a CUDA engine takes
+    A CPU engine runs eager and without sleep mode (vllm-cpu needs eager and cannot sleep), and sharded only with
+    ``VLLM_CPU_OMP_THREADS_BIND`` giving each rank its own cores (``"0|1"``: vLLM's CPU worker binds rank r's
+    threads to the r-th list, and without it refuses a host with fewer NUMA nodes than ranks); a CUDA engine takes
     ``gpu_memory_utilization`` of each device, its KV cache sized from it unless ``kv_cache_gib`` > 0.
     """
 
@@ -69,10 +72,11 @@ class EngineSpec:
     def _check_cpu(self) -> None:
         if self.kv_cache_gib <= 0:
             raise RoseError("a CPU engine needs kv_cache_gib > 0: its KV cache is sized by it")
+        if self.tensor_parallel_size > 1:
+            _check_cpu_binding(self.tensor_parallel_size)
         refused = [
             what
             for what, on in (
-                (f"tensor_parallel_size = {self.tensor_parallel_size}", self.tensor_parallel_size > 1),
                 ("CUDA graphs (enforce_eager = False)", not self.enforce_eager),
                 ("sleep mode", self.enable_sleep_mode),
             )
@@ -80,7 +84,7 @@ class EngineSpec:
         ]
         if refused:
             raise RoseError(
-                f"a CPU engine runs eager, unsharded and without sleep mode, not with {', '.join(refused)}: "
+                f"a CPU engine runs eager and without sleep mode, not with {', '.join(refused)}: "
                 "those settings are for CUDA engines"
             )
 
@@ -124,3 +128,16 @@ class EngineSpec:
     def has_tokenizer(self) -> bool:
         root = Path(self.model_dir)
         return (root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()
+
+
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _check_cpu_binding(tp: int) -> None:
+    """A sharded CPU engine needs one CPU list per rank in ``VLLM_CPU_OMP_THREADS_BIND`` (read by its workers)."""
+    bind = os.environ.get(CPU_BIND, "")
+    if len(bind.split("|")) != tp or not all(bind.split("|")):
+        raise RoseError(
+            f"a CPU engine with tensor_parallel_size = {tp} needs {CPU_BIND} to give each rank its cores, one list "
+            f"per rank separated by '|' (e.g. {'|'.join(str(i) for i in range(tp))!r}); it is {bind!r}"
+        )

@@ -286,7 +286,9 @@ class VllmEngine:
         )
 
     async def commit_weights(self, version: int, timeout_s: float) -> WeightCommit:
-        """Apply the staged version in place in every worker (between two engine steps)."""
+        """Apply the staged version in place in every worker (between two engine steps), all or none: every
+        worker (a tensor-parallel rank) first has its shard pulled whole, or none commits."""
+        await self.llm.collective_rpc("rose_weights_pulled", args=(version, timeout_s))
         reports = await self.llm.collective_rpc("rose_weights_commit", args=(version, timeout_s))
         return _combined(version, reports)
 
@@ -348,14 +350,16 @@ def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
 
 
 def _combined(version: int, reports: Sequence[dict[str, Any]]) -> WeightCommit:
-    """One ``WeightCommit`` from every worker's report: seconds are the slowest worker's, bytes add up;
-    every worker must hold the same digest (a TP group's workers each hold the whole version today)."""
+    """One ``WeightCommit`` from every worker's report: seconds are the slowest worker's, bytes add up (each
+    tensor-parallel rank pulls only its shard); every worker answers the same digest, the whole version's (a rank
+    answers it once its shard re-hashes to the publisher's digest of that shard)."""
     digests = {str(r["digest"]) for r in reports}
     if len(digests) != 1:
         raise RoseError(f"the engine's workers hold different weights after version {version}: {sorted(digests)}")
     return WeightCommit(
         version=version,
         bytes_received=sum(int(r["bytes_received"]) for r in reports),
+        worker_bytes=tuple(int(r["bytes_received"]) for r in reports),
         stage_s=max(float(r["stage_s"]) for r in reports),
         pulled_at=max(float(r["pulled_at"]) for r in reports),
         commit_s=max(float(r["commit_s"]) for r in reports),

@@ -109,6 +109,10 @@ SURFACE: tuple[Touch, ...] = (
     # inside the workers (the worker extension): the model, its layers, their transforms
     Touch("vllm.v1.worker.gpu_worker:Worker", "assigned", ("model_runner",), "weights/worker_extension.py"),
     Touch("vllm.v1.worker.cpu_worker:CPUWorker", "assigned", ("model_runner",), "weights/worker_extension.py"),
+    Touch("vllm.v1.worker.worker_base:WorkerBase", "assigned", ("rank", "parallel_config"),
+          "weights/worker_extension.py"),
+    Touch("vllm.config.parallel:ParallelConfig", "fields", ("tensor_parallel_size", "pipeline_parallel_size"),
+          "weights/worker_extension.py"),
     Touch("vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_model", "call", (), "weights/worker_extension.py"),
     Touch("vllm.v1.worker.cpu_model_runner:CPUModelRunner.get_model", "call", (), "weights/worker_extension.py"),
     Touch("vllm.model_executor.layers.linear:ColumnParallelLinear", "assigned",

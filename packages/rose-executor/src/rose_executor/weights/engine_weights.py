@@ -14,9 +14,15 @@ loading and drops the source), the stream keeps the source and ``commit`` redoes
 them: O(changed modules), the one step that is not O(changes). Parameters on a GPU are copied from
 the stream per changed tensor.
 
+In a tensor-parallel engine each worker is one rank (``ShardView(tp, rank)``): it pulls, patches and checks only
+its shard of every tensor (the publisher cuts the view from the version's shard specs), laid out as its
+parameters are. A commit is two calls across the ranks: ``pulled`` (every rank has its shard, or the update
+fails and every rank discards it) then ``commit``; so a failed pull on one rank leaves every rank on its version.
+
 Invariant: after ``commit`` returns, every bound parameter holds the committed version's bytes (a parameter the
 engine keeps as a copy, on a GPU, is checked where it lives after the copy), and ``digest()`` (bucket checksums
-recomputed from the stream) equals that version's manifest digest.
+recomputed from the stream) equals that version's manifest digest (a rank's: its shard's digest as the publisher
+computed it, answered as the whole version's digest when it matches).
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rose_core.protocol.engine_layout import EngineLayout
-from rose_core.protocol.messages import TensorEntry, WeightAnnounce, WeightManifest
+from rose_core.protocol.engine_layout import engine_layout_of
+from rose_core.protocol.messages import ShardView, TensorEntry, WeightAnnounce, WeightManifest
 from rose_core.support.errors import RoseError
 from rose_executor.profile.model_info import read_safetensors_header
 from rose_transfer.fetch.fetcher import StagedVersion, WeightFetcher
-from rose_transfer.plan.engine_layout import to_engine_layout
+from rose_transfer.plan.engine_layout import engine_shards, to_engine_layout
+from rose_transfer.plan.shard_spec import ShardSpec, local_shape
 from rose_transfer.resident.resident_weights import ResidentWeights
 from rose_transfer.version.torch_tensors import as_tensor
 from rose_transfer.wire.loop_thread import LoopThread
@@ -87,8 +94,10 @@ class _Binding:
 
 
 class EngineWeights:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, view: ShardView | None = None) -> None:
+        """``view``: this worker's rank of a tensor-parallel engine (None: the engine is not sharded)."""
         self.model = model
+        self.view = view
         self.target = ResidentWeights()
         self._loop: LoopThread | None = None
         self._fetcher: WeightFetcher | None = None
@@ -99,7 +108,7 @@ class EngineWeights:
 
     def check(self, shapes: Mapping[str, Sequence[int]], model: str) -> None:
         """The first bind as a dry run, when the engine starts: every parameter has a tensor of its shape in
-        the policy's engine layout (``engine_shapes``) and is held in a form ROSE can patch;
+        the policy's engine layout (``engine_shapes``, this rank's shard of it) and is held in a form ROSE can patch;
         else ``RoseError`` naming ``model`` and the parameter (never at the first weight update)."""
         params = dict(self.model.named_parameters())
         unmatched = sorted(set(params) ^ set(shapes))
@@ -116,9 +125,10 @@ class EngineWeights:
                                 "unquantized weights only; roll out with an unquantized policy")
             expected = list(param.shape) if param.numel() else _packed_shape(module, attr)
             if expected is not None and expected != list(shapes[name]):
-                raise RoseError(f"{model}: {name} is {expected} in the engine but {list(shapes[name])} in the "
-                                "checkpoint's engine layout (a tensor-parallel shard?): run the rollout engine "
-                                "with tensor_parallel_size = 1")
+                where = f" (rank {self.view.rank} of {self.view.tp})" if self.view else ""
+                raise RoseError(f"{model}: {name} is {expected} in the engine{where} but {list(shapes[name])} in "
+                                "the checkpoint's engine layout: the rollout engine does not serve this checkpoint's "
+                                "model (or shards it as ROSE does not): start it on the policy's own directory")
 
     # ---------------------------------------------------------------- stage, then commit
 
@@ -131,17 +141,30 @@ class EngineWeights:
         if self._loop is None:
             self._loop = LoopThread("rose-engine-weights")
         fetcher = self._fetcher
-        self._staging = self._loop.submit(fetcher.stage_into(announce, self.target, relay=relay or None))
+        self._staging = self._loop.submit(fetcher.stage_into(announce, self.target, relay=relay or None, view=self.view))
 
-    def commit(self, version: int, timeout_s: float) -> CommitReport:
-        """Apply the staged ``version`` in place (call between engine steps); waits for its pull first."""
-        staging, self._staging = self._staging, None
-        if staging is None or self._loop is None or self._fetcher is None:
+    def pulled(self, version: int, timeout_s: float) -> None:
+        """Wait until the staged ``version`` is pulled whole (the first of a commit's two calls across ranks);
+        raises if its pull failed or another version is staged (then discard it on every rank)."""
+        staging = self._staging
+        if staging is None:
             raise RoseError(f"weight version {version} was never staged in this worker: stage it first")
         staged = staging.result(timeout_s)
         if staged.version != version:
-            staged.discard()
             raise RoseError(f"version {staged.version} is staged, not {version}: stage the version to commit")
+
+    def commit(self, version: int, timeout_s: float) -> CommitReport:
+        """Apply the staged ``version`` in place (call between engine steps); waits for its pull first."""
+        if self._loop is None or self._fetcher is None:
+            raise RoseError(f"weight version {version} was never staged in this worker: stage it first")
+        try:
+            self.pulled(version, timeout_s)
+        except BaseException:
+            self.discard()
+            raise
+        staging, self._staging = self._staging, None
+        assert staging is not None  # pulled() returned: a pull finished
+        staged = staging.result()
         started = time.perf_counter()
         full = self._binding is None or self.target.version < 0
         if self._fetcher.try_commit_staged(staged) is None:  # rolled back: pull the failed buckets again
@@ -190,9 +213,14 @@ class EngineWeights:
         self.target.pinned = False
 
     def digest(self) -> str:
-        """The manifest digest of what the engine holds now, every bucket re-hashed (O(model))."""
-        self._manifest()
-        return self.target.digest()
+        """The manifest digest of what the engine holds now, every bucket re-hashed (O(model)). A rank holds a
+        shard: it answers the whole version's digest when its shard re-hashes to the publisher's digest of that
+        shard, and its shard's own digest (which no announce carries: the update fails) when not."""
+        manifest = self._manifest()
+        held = self.target.digest()
+        if manifest.view is None or held != manifest.digest:
+            return held
+        return manifest.source_digest
 
     def close(self) -> None:
         self.discard()
@@ -329,8 +357,9 @@ def _retransform(tensors: list[_Bound]) -> None:
 _SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 
 
-def engine_shapes(model_dir: str | Path) -> dict[str, list[int]]:
-    """Every tensor of the policy in ``model_dir`` as a vLLM rollout engine holds it: name -> shape."""
+def engine_shapes(model_dir: str | Path, view: ShardView | None = None) -> dict[str, list[int]]:
+    """Every tensor of the policy in ``model_dir`` as a vLLM rollout engine holds it (``view``: as that rank of a
+    tensor-parallel engine holds it): name -> shape."""
     root = Path(model_dir)
     config = json.loads((root / "config.json").read_text())
     tensors = {}
@@ -339,5 +368,13 @@ def engine_shapes(model_dir: str | Path) -> dict[str, list[int]]:
             if name != "__metadata__":
                 dtype = _SAFETENSORS_DTYPES.get(str(info["dtype"]), torch.uint8)
                 tensors[name] = torch.empty(info["shape"], dtype=dtype, device="meta")
-    layout = EngineLayout(engine="vllm", tie_word_embeddings=bool(config.get("tie_word_embeddings", False)))
-    return {name: list(tensor.shape) for name, tensor in to_engine_layout(tensors, layout).items()}
+    layout = engine_layout_of(config)
+    shapes = {name: list(tensor.shape) for name, tensor in to_engine_layout(tensors, layout).items()}
+    if view is None or view.tp == 1:
+        return shapes
+    try:
+        specs = engine_shards(shapes, layout, strict=True)
+        return {name: list(local_shape(ShardSpec.parse(specs[name]), shape, view.tp, view.rank))
+                for name, shape in shapes.items()}
+    except RoseError as exc:
+        raise RoseError(f"{model_dir}: ROSE cannot split this model over {view.tp} tensor-parallel ranks: {exc}") from exc

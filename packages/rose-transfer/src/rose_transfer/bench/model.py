@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rose_core.support.errors import ConfigError
-from rose_transfer.bench.shard_inference import ModelShape, infer_shard_spec
+from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
 
 HEAD_DIM = 64
 

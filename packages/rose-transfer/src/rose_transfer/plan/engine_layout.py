@@ -8,6 +8,10 @@ keeps no ``lm_head.weight`` (the head is ``model.embed_tokens.weight``); it pads
 of the embedding and the head with zeros to a multiple of 64 (``EngineLayout.vocab_padding``; what its
 loader writes there). Every other tensor keeps its name and bytes. The mapping is pure: the same checkpoint always gives the same engine tensors, in a
 deterministic order (the flat stream's layout depends on it).
+
+How each engine tensor splits over tensor-parallel ranks (``engine_shards``) is vLLM's: ``qkv_proj`` by heads
+(q, then k and v, KV heads replicated when fewer than ranks), ``gate_up_proj`` as gate then up, ``o_proj`` and
+``down_proj`` by input columns, the embedding and the head by padded vocabulary rows, everything else whole.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.support.errors import RoseError
+from rose_transfer.plan.shard_inference import ModelShape, infer_shard_spec
 
 FUSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -58,6 +63,25 @@ def to_engine_layout(tensors: Mapping[str, Any], layout: EngineLayout) -> dict[s
         missing = [p for p in order if p not in parts]
         raise RoseError(f"{name}: the checkpoint has {sorted(parts)} but not {missing}; publish every part")
     return out
+
+
+def engine_shards(shapes: Mapping[str, Sequence[int]], layout: EngineLayout, *, strict: bool = False) -> dict[str, str]:
+    """The shard spec text of every engine tensor (``to_engine_layout``'s names -> shapes), for a publisher to
+    annotate a version with, so a rank of a tensor-parallel engine can pull only its shard. None are known
+    (``{}``: versions are whole-only) when the layout lacks the attention shape or a tensor's split is unknown;
+    ``strict``: ``RoseError`` naming what is missing instead."""
+    if layout.engine != "vllm" or not layout.knows_heads:
+        if strict:
+            raise RoseError("the model's attention shape (num_attention_heads, num_key_value_heads, head_dim) is "
+                            "unknown, so its tensors cannot be split over tensor-parallel ranks: add it to config.json")
+        return {}
+    model = ModelShape(layout.num_heads, layout.num_kv_heads, layout.head_dim, layout.vocab_padding)
+    try:
+        return {name: infer_shard_spec(name, shape, model).to_text() for name, shape in shapes.items()}
+    except RoseError:
+        if strict:
+            raise
+        return {}
 
 
 def _fused_name(name: str) -> tuple[str, str, tuple[str, ...]] | None:

@@ -17,7 +17,7 @@ from rose_core.protocol.auth import MIN_SECRET_BYTES, POLY1305
 from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import ShardView, WeightAnnounce
 from rose_core.support.errors import ConfigError, RoseError
-from rose_transfer.plan.engine_layout import to_engine_layout
+from rose_transfer.plan.engine_layout import engine_shards, to_engine_layout
 from rose_transfer.serve.bucket_patch import word_bytes
 from rose_transfer.serve.cluster_relay import ClusterRelay
 from rose_transfer.serve.listeners import Listeners, ServingEnd
@@ -96,13 +96,16 @@ class DensePublisher(ServingEnd):
     ) -> WeightAnnounce:
         """Make ``version`` fetchable (whole) and return the announcement executors act on. ``shards``:
         the shard spec text of sharded tensors (the rest are replicated), for shard-aware receivers;
-        ``layout``: publish the tensors as the engines hold them (``plan.engine_layout``)."""
+        ``layout``: publish the tensors as the engines hold them (``plan.engine_layout``), each annotated with how
+        it splits over tensor-parallel ranks when the layout knows the attention shape (``engine_shards``)."""
         if self._closed:
             raise RoseError("this weight publisher is closed: create a new one to publish")
         if version < 0:
             raise RoseError(f"weight versions are non-negative, got {version}")
         if layout is not None:
             tensors = to_engine_layout(tensors, layout)
+            if shards is None:
+                shards = engine_shards({name: tuple(t.shape) for name, t in tensors.items()}, layout)
         flat = flatten(
             tensors, version=version, bucket_bytes=self.bucket_bytes, shards=shards, allocate=self._store.pool.take
         )

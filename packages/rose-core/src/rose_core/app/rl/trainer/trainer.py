@@ -24,7 +24,7 @@ from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.demo.models import iter_safetensors_names, quiet_progress
 from rose_core.app.rl.trainer.checkpoint_dir import CheckpointState
 from rose_core.app.rl.trainer.trainer_state import load_checkpoint, save_checkpoint
-from rose_core.protocol.engine_layout import EngineLayout
+from rose_core.protocol.engine_layout import EngineLayout, engine_layout_of
 from rose_core.support.errors import RoseError, require_extra
 
 with require_extra("torch, transformers and safetensors (the reference trainer)", "rose-core[train]"):
@@ -227,7 +227,7 @@ class PolicyTrainer:
 
     def engine_layout(self) -> EngineLayout:
         """How the rollout engines (vLLM) hold this model's tensors, for the publisher to cut."""
-        return EngineLayout(engine="vllm", tie_word_embeddings=bool(self.model.config.tie_word_embeddings))
+        return engine_layout_of(self.model.config.to_dict())
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """bf16 contiguous copies under the checkpoint's own tensor names (what vLLM's loader maps)."""
