@@ -33,7 +33,6 @@ from rose_core.protocol.messages import (
     Hello,
     Register,
     SamplingParams,
-    Shutdown,
     StepStarted,
     TurnAborted,
     TurnResult,
@@ -377,15 +376,16 @@ def metric_samples(executor: Executor) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line[:1] != "#"}
 
 
-def test_shutdown_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:
+def test_sigterm_gives_turns_back_says_goodbye_and_leaves_no_processes(executor: Executor) -> None:
+    """The operator's stop (``Shutdown`` from `rose run` takes the same path: the twin and every run test it)."""
     peer = executor.controller
     peer.send(turn("last", version=2, sampling=SamplingParams(max_tokens=900, temperature=0.0)))
     peer.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
-    peer.send(Shutdown(reason="test over"))
+    executor.process.send_signal(signal.SIGTERM)
     given_back = peer.expect(TurnAborted, where=lambda a: a.turn_id == "last")
     assert given_back.reason == "shutdown"
     goodbye = peer.expect(Goodbye, timeout=10)
-    assert goodbye.peer_id == "ex-1" and "test over" in goodbye.reason
+    assert goodbye.peer_id == "ex-1" and "SIGTERM" in goodbye.reason
     assert executor.process.wait(timeout=60) == 0
     assert_gone(executor.children)
 
@@ -395,32 +395,6 @@ def assert_gone(pids: set[int], timeout: float = 15.0) -> None:
     while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive == [], f"orphan processes left behind: {alive}"
-
-
-def test_dedicated_role_stops_on_sigterm(tmp_path: Path, policy_dir: Path, secret_file: Path) -> None:
-    config = tmp_path / "executor.toml"
-    config.write_text(f'kv_cache_gib = 0.5\nmax_model_len = 1024\n[rollout]\nmodel_dir = "{policy_dir}"\n')
-    controller = ControllerPeer(SECRET)
-    command = executor_command(controller.address, "dedicated", config, secret_file, "--executor-id", "ded-1")
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
-    try:
-        controller.expect(Hello, timeout=60)
-        controller.send(Welcome(controller_id="test-controller", heartbeat_interval_s=0.3))
-        reg = controller.expect(Register, timeout=120)
-        assert (reg.role, reg.serving_endpoint, [m.purpose for m in reg.models]) == ("dedicated", "", ["rollout"])
-        children = {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
-        beat = controller.expect(Heartbeat, timeout=5)
-        assert beat.load.slo_headroom and beat.load.serving_requests_total == 0
-        controller.send(turn("d1", sampling=SamplingParams(max_tokens=900, temperature=0.0)))
-        controller.expect(Heartbeat, timeout=5, where=lambda h: h.load.rollout_in_flight == 1)
-        process.send_signal(signal.SIGTERM)
-        assert controller.expect(TurnAborted, where=lambda a: a.turn_id == "d1").reason == "shutdown"
-        assert "SIGTERM" in controller.expect(Goodbye, timeout=10).reason
-        assert process.wait(timeout=60) == 0
-        assert_gone(children)
-    finally:
-        stop(process)
-        controller.close()
 
 
 def start_dedicated(controller: ControllerPeer, config: Path, secret_file: Path, executor_id: str,
@@ -438,7 +412,8 @@ def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sy
 ) -> None:
     """SIGKILL while version 2 is half pulled into the engine (the publisher's replies stall at half of it):
     the engine goes with the process; a new process registers at version 0, is sent the same announcement,
-    pulls the version whole and ends on the trainer's digest."""
+    pulls the version whole and ends on the trainer's digest. A dedicated executor registers without a serving
+    endpoint, always has headroom, and stops on SIGTERM: Goodbye, exit 0, its engine gone."""
     config = tmp_path / "executor.toml"
     config.write_text(f'kv_cache_gib = 0.5\nmax_model_len = 1024\n[rollout]\nmodel_dir = "{policy_dir}"\n')
     state = load_file(str(policy_dir / "model.safetensors"))
@@ -464,8 +439,17 @@ def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sy
         assert_gone(children)  # its engine went with it
         again, register = start_dedicated(controller, config, secret_file, "ded-2")
         assert register.weight_version == 0  # a new process holds what it loaded; nothing half-applied survives
+        assert (register.role, register.serving_endpoint, [m.purpose for m in register.models]) == (
+            "dedicated", "", ["rollout"])
+        beat = controller.expect(Heartbeat, timeout=5)
+        assert beat.load.slo_headroom and beat.load.serving_requests_total == 0
         controller.send(second)
         applied = controller.expect(WeightApplied, timeout=60, where=lambda w: w.version == 2)
+        children = {p.pid for p in psutil.Process(again.pid).children(recursive=True)}
+        again.send_signal(signal.SIGTERM)
+        goodbye = controller.expect(Goodbye, timeout=10)
+        stopped = again.wait(timeout=60)
+        assert_gone(children)
     finally:
         for running in (process, again):
             if running is not None:
@@ -478,6 +462,7 @@ def test_an_executor_killed_in_the_middle_of_an_update_comes_back_with_a_full_sy
     assert (applied.ok, applied.full_sync, applied.error) == (True, True, "")
     assert applied.weights_digest == second.manifest_digest
     assert applied.bytes_received >= half  # the whole version, not the half the first process had pulled
+    assert "SIGTERM" in goodbye.reason and stopped == 0
 
 
 def test_bad_secret_is_one_clear_error_and_exit_2(tmp_path: Path, policy_dir: Path, serving_dir: Path) -> None:

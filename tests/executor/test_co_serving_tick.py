@@ -110,6 +110,41 @@ async def test_memory_cut_aborts_the_youngest_and_freezes_until_the_step() -> No
     await co.runner.abort_all("shutdown")
 
 
+async def test_where_the_engine_can_release_a_cut_gives_every_turn_back_and_releases_until_the_step() -> None:
+    """On a GPU (sleep mode) the rollout engine's KV pool is fixed: giving back the youngest turn frees no device
+    memory. So the cut gives back every turn and releases the engine's memory; turns submitted meanwhile wait
+    (held) on the released engine until the budget thaws at the next step, then it is restored and they run."""
+    kv = 100
+    policy = MemoryPolicyConfig(device_bytes=100_000, rollout_weight_bytes=10_000, high_watermark=0.5)
+    memory = ServingFirstBudget(policy, ModelFootprint(40_000, kv), ModelFootprint(10_000, kv))
+    co, serving, rollout, sent, clock = setup(memory, can_release_memory=True)
+    for name in ("a", "b"):
+        co.runner.submit(turn(name))
+        await co.tick(float(len(sent) + ord(name)))
+        await clock.advance(0.001)
+    await asyncio.sleep(0)
+    assert len(co.runner.memory_uses()) == 2 and not rollout.memory_released
+    request = serve(serving, "s", 100, max_tokens=20)
+    await asyncio.sleep(0)
+    await co.tick(200.0)
+    await asyncio.sleep(0)
+    aborted = sorted((m.turn_id, m.reason) for m in sent if isinstance(m, TurnAborted))
+    assert aborted == [("a", "memory"), ("b", "memory")] and memory.frozen
+    assert rollout.memory_released and co.engine_memory.released
+    co.runner.submit(turn("c", max_tokens=10))  # fits the cut budget: admitted, held on the released engine
+    for now in (200.05, 200.1):
+        await co.tick(now)
+        await asyncio.sleep(0)
+    assert rollout.memory_released and [q.key for q in co.runner.queued()] == ["c:0"] and co.held_turns() == 1
+    await serving.abort("s")
+    await request
+    co.on_step(1)
+    await co.tick(200.15)
+    await asyncio.sleep(0)
+    assert not rollout.memory_released and "restore_memory" in rollout.calls and "c:0" in rollout.started
+    await co.runner.abort_all("shutdown")
+
+
 async def test_idle_policy_sits_inactive_and_the_first_turn_activates_it() -> None:
     co, _, rollout, _, _ = setup()
     verdict = await co.tick(100.0)  # no turn: loaded but inactive, the engine held, nothing reserved

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from rose_core.protocol.engine_layout import EngineLayout
 from rose_core.protocol.messages import SamplingParams, WeightAnnounce
@@ -131,39 +130,29 @@ async def _pull(engine: VllmEngine, publisher: SparsePublisher, version: int, st
     return announce, await engine.commit_weights(version, 30.0)
 
 
-async def test_weights_patched_in_place_equal_a_freshly_loaded_engine(
-    engine: VllmEngine, policy_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+async def test_weights_patched_in_place_equal_what_vllms_loader_loaded(engine: VllmEngine, policy_dir: Path) -> None:
+    """Version 1 (the checkpoint with three small changes, inside a fused qkv_proj, a fused gate_up_proj and a
+    norm) comes as a full sync, version 2 (the checkpoint itself) as a patch of those three tensors; then
+    greedy tokens and logprobs equal the engine's own from before any update, when it held what vLLM's loader
+    loaded from that checkpoint: bit for bit (same weights, same kernels; a wrong binding or layout of any
+    tensor would leave other bytes in place)."""
     state = load_file(str(policy_dir / "model.safetensors"))
-    generator = torch.Generator().manual_seed(0)
-    v1 = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=generator)).to(v.dtype) for k, v in state.items()}
-    v2 = {k: v.clone() for k, v in v1.items()}
-    v2["model.layers.1.self_attn.k_proj.weight"][3, :7] += 0.25  # inside a fused qkv_proj
-    v2["model.layers.0.mlp.up_proj.weight"][11, 5] -= 0.5  # inside a fused gate_up_proj
-    v2["model.norm.weight"][0] += 0.125
+    v1 = {k: v.clone() for k, v in state.items()}
+    v1["model.layers.1.self_attn.k_proj.weight"][3, :7] += 0.25  # inside a fused qkv_proj
+    v1["model.layers.0.mlp.up_proj.weight"][11, 5] -= 0.5  # inside a fused gate_up_proj
+    v1["model.norm.weight"][0] += 0.125
     before = await engine.generate("r0", PROMPT, GREEDY)
     with SparsePublisher(secret=SECRET, host="127.0.0.1", port=0) as publisher:
         first, full = await _pull(engine, publisher, 1, v1)
         changed = await engine.generate("r1", PROMPT, GREEDY)
-        second, patched = await _pull(engine, publisher, 2, v2)
+        second, patched = await _pull(engine, publisher, 2, state)
     after = await engine.generate("r2", PROMPT, GREEDY)
     assert (changed.token_ids, changed.logprobs) != (before.token_ids, before.logprobs)
     assert full.full_sync and full.digest == first.manifest_digest
     assert not patched.full_sync and patched.digest == second.manifest_digest
     assert patched.tensors_changed == 3 and patched.bytes_received < first.total_bytes // 10
-
-    fresh_dir = tmp_path_factory.mktemp("fresh-v2")
-    for item in policy_dir.iterdir():
-        if item.name != "model.safetensors":
-            shutil.copy(item, fresh_dir / item.name)
-    save_file(v2, str(fresh_dir / "model.safetensors"), metadata={"format": "pt"})
-    fresh = await VllmEngine.create(fresh_dir, purpose="rollout", kv_cache_gib=0.25, max_num_seqs=4)
-    try:
-        expected = await fresh.generate("f2", PROMPT, GREEDY)
-    finally:
-        fresh.shutdown()
-    assert after.token_ids == expected.token_ids
-    assert after.logprobs == expected.logprobs  # bit-exact: same weights, same kernels
+    assert after.token_ids == before.token_ids
+    assert after.logprobs == before.logprobs
     print(f"\nfull sync: stage {full.stage_s:.3f} s, commit {full.commit_s:.3f} s, "
           f"retransform {full.retransform_s:.3f} s; patch: stage {patched.stage_s:.3f} s, "
           f"commit {patched.commit_s:.3f} s, retransform {patched.retransform_s:.3f} s, "

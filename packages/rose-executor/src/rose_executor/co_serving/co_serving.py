@@ -10,6 +10,7 @@ time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -71,6 +72,12 @@ class CoServing:
     ``rose-executor bench``'s ``activation`` figure, docs/executor.md). Where the rollout engine can release
     its memory (GPU sleep mode), inactive also means released (after the hold), and activation first
     restores it; a weight update holds it restored (``EngineMemory.hold``) until it is committed.
+
+    An emergency memory cut (serving crossed the high watermark) gives back the youngest turns that no longer
+    fit the cut budget, which frees admission room on CPU. Where the rollout engine can release its memory (GPU
+    sleep mode: its KV pool is fixed, so giving back some turns frees no device memory), the cut gives back
+    every rollout turn and releases the engine's memory at once, and it stays released, its turns held, until
+    the budget thaws at the next step.
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class CoServing:
         self.call_timeout_s = call_timeout_s
         self.engine_memory = engine_memory or EngineMemory(rollout, call_timeout_s)
         self._restores_seen = self.engine_memory.restores
+        self._released_by_cut = False
         self._last_tick: float | None = None
         self._wake = asyncio.Event()
 
@@ -190,21 +198,18 @@ class CoServing:
         if self.memory is not None:
             decision = self.memory.observe(now, serving, self.runner.memory_uses())
             if decision.abort:
-                log.warning(
-                    "serving memory crossed the high watermark: rollout budget cut to %d bytes, "
-                    "aborting %d rollout turns",
-                    decision.budget_bytes,
-                    len(decision.abort),
-                )
-                self.runner.abort_keys(decision.abort, "memory")
+                self._cut(decision.budget_bytes, decision.abort)
         running, queued = self.runner.running(), self.runner.queued()
         self.active = bool(running or queued)
-        if self.active:
+        cut_hold = self._released_by_cut = self._released_by_cut and self.runner.budget_frozen
+        if self.active and not cut_hold:
             await self.engine_memory.restore()  # a released engine gets its memory back before work runs
         if self.engine_memory.restores != self._restores_seen:  # restored (here or by an update): it runs again
             self._restores_seen, self.paused = self.engine_memory.restores, False
         feedback_ok = self.feedback() if self.feedback is not None else True
         verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
+        if cut_hold:  # nothing runs on released memory until the budget thaws
+            verdict = dataclasses.replace(verdict, start=(), run_rollout=False)
         self._account(now, verdict)
         self.last = verdict
         if verdict.headroom != self.headroom:
@@ -213,9 +218,20 @@ class CoServing:
         self.runner.held = not verdict.headroom
         metrics.GUARD_MIN_SLACK.set(verdict.min_slack_s if math.isfinite(verdict.min_slack_s) else math.inf)
         await self._apply(verdict)
-        if not self.active:
+        if not self.active or cut_hold:
             await self.engine_memory.release()  # where the platform can, and no weight update holds it
         return verdict
+
+    def _cut(self, budget_bytes: int, youngest: tuple[str, ...] | list[str]) -> None:
+        """An emergency cut: give back ``youngest`` (admission room), or, where the rollout engine can release
+        its memory, every turn (its memory is released by the tick and stays so until the budget thaws)."""
+        physical = self.engine_memory.engine.can_release_memory
+        keys = [*self.runner.running(), *(q.key for q in self.runner.queued())] if physical else list(youngest)
+        log.warning("serving memory crossed the high watermark: rollout budget cut to %d bytes, aborting %d rollout "
+                    "turns%s", budget_bytes, len(keys),
+                    "; the rollout engine releases its memory until the next step" if physical else "")
+        self.runner.abort_keys(keys, "memory")
+        self._released_by_cut = physical
 
     @staticmethod
     def _log_headroom(now: float, verdict: GuardVerdict, serving: list[LiveRequest], feedback_ok: bool) -> None:

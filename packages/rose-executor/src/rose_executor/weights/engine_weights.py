@@ -111,18 +111,16 @@ class EngineWeights:
         the policy's engine layout (``engine_shapes``, this rank's shard of it) and is held in a form ROSE can patch;
         else ``RoseError`` naming ``model`` and the parameter (never at the first weight update)."""
         params = dict(self.model.named_parameters())
+        for name in params:
+            _check_patchable(self.model, name, model)
         unmatched = sorted(set(params) ^ set(shapes))
         if unmatched:
             raise RoseError(f"{model}: ROSE cannot update this model in place: {unmatched[:3]} is in the engine or "
-                            "the checkpoint but not both (a fusion the engine layout does not know, e.g. stacked "
-                            "MoE experts): use a dense Llama-, Qwen2- or Qwen3-style policy")
+                            "the checkpoint but not both (a fusion the engine layout does not know): use a dense "
+                            "Llama-, Qwen2- or Qwen3-style policy")
         for name, param in params.items():
             module_name, _, attr = name.rpartition(".")
             module = self.model.get_submodule(module_name)
-            method = type(getattr(module, "quant_method", None)).__name__
-            if method not in PATCHABLE:
-                raise RoseError(f"{model}: {name} is held by {method} (quantized or fused): ROSE patches "
-                                "unquantized weights only; roll out with an unquantized policy")
             expected = list(param.shape) if param.numel() else _packed_shape(module, attr)
             if expected is not None and expected != list(shapes[name]):
                 where = f" (rank {self.view.rank} of {self.view.tp})" if self.view else ""
@@ -252,6 +250,18 @@ class EngineWeights:
                 _retransform(binding.packed[key])
             _verify(copies, manifest.version)
         return len(changed), len(modules)
+
+
+def _check_patchable(model: torch.nn.Module, name: str, model_name: str) -> None:
+    """``RoseError`` unless the module holding parameter ``name`` keeps it in a form ROSE can patch."""
+    method = type(getattr(model.get_submodule(name.rpartition(".")[0]), "quant_method", None)).__name__
+    if method in PATCHABLE:
+        return
+    if "MoE" in method:
+        raise RoseError(f"{model_name}: {name} holds stacked MoE experts ({method}): ROSE patches dense layers only; "
+                        "roll out with a dense Llama-, Qwen2- or Qwen3-style policy")
+    raise RoseError(f"{model_name}: {name} is held by {method} (quantized): ROSE patches unquantized weights only; "
+                    "roll out with an unquantized policy")
 
 
 def _tensors_touched(manifest: WeightManifest, offsets: np.ndarray, dense: frozenset[int]) -> list[TensorEntry]:
