@@ -99,3 +99,5 @@ async def test_each_rank_pulls_its_shard_a_failed_rank_keeps_both_and_the_result
     assert (still.token_ids, still.logprobs) == (changed.token_ids, changed.logprobs)
     assert not back.full_sync and back.digest == second.manifest_digest
     assert (after.token_ids, after.logprobs) == (before.token_ids, before.logprobs)  # vLLM's loader, bit for bit
+    print(f"\nversion {first.total_bytes} bytes; full sync per rank {list(full.worker_bytes)}; "
+          f"patch back to the checkpoint per rank {list(back.worker_bytes)}")

@@ -80,6 +80,13 @@ def test_per_step_table_is_printed(run_report: dict) -> None:
     assert "reward" in run_report["_stdout"] and "TTFT p99 ms" in run_report["_stdout"]
 
 
+def test_the_output_ends_with_the_learning_curve(run_report: dict) -> None:
+    """Nothing after it: the interpreter's teardown (Triton's nanobind leak report, some 35 lines, loaded through
+    transformers' import of torch._dynamo) stays off the terminal (``quiet_teardown``)."""
+    assert run_report["_stdout"].rstrip().splitlines()[-1].lstrip().startswith("sync s")
+    assert "nanobind" not in run_report["_stderr"] + run_report["_stdout"]
+
+
 def test_the_dashboard_is_handed_the_observer_key_not_the_secret(run_report: dict) -> None:
     """The printed `rose-tui` line names a key that can only watch (docs/security.md), not the shared secret."""
     found = re.search(r"dashboard: rose-tui --connect \S+ --secret-file (\S+)", run_report["_stdout"])

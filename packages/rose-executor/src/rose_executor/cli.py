@@ -23,6 +23,7 @@ from rose_core.protocol.auth import executor_credential, load_secret
 from rose_core.protocol.messages import Role
 from rose_core.support.cli_support import LOG_FORMAT, RoseGroup
 from rose_core.support.metrics import serve_metrics
+from rose_core.support.quiet_teardown import silence_teardown
 from rose_executor.bench.bench_cli import bench
 from rose_executor.revoke_cli import revoke
 
@@ -109,6 +110,7 @@ def run_agent(
     parent_pid: int | None = None,
 ) -> None:
     """Configure logging, load the config and the secret, serve metrics, run the agent; exit with its code."""
+    silence_teardown()  # vLLM's imports load Triton, whose bindings report leaks at every exit
     logging.basicConfig(level=log_level, format=LOG_FORMAT, stream=sys.stderr)
     quiet = "WARNING" if log_level == "INFO" else log_level
     os.environ.setdefault("VLLM_LOGGING_LEVEL", quiet)

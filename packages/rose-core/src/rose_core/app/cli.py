@@ -17,6 +17,7 @@ from rose_core.app.config import RunConfig, load_config
 from rose_core.config.sections import dump_toml
 from rose_core.protocol.messages import StepStatus
 from rose_core.support.cli_support import RoseGroup, setup_logging
+from rose_core.support.quiet_teardown import silence_teardown
 
 if TYPE_CHECKING:
     from rose_core.app.jobs.step_report import StepReport
@@ -32,6 +33,7 @@ INTERRUPTED_EXIT = 130
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """ROSE: agentic RL rollouts on the idle capacity of a serving fleet, without breaking its SLOs."""
+    silence_teardown()  # third-party teardown reports stay off the terminal, after the command's last line
     setup_logging(verbose)
 
 
