@@ -14,11 +14,13 @@ from rose_core.policy import (
     AdmissionConfig,
     CoServingGuard,
     DualSlackAdmission,
+    GuardSettings,
     LatencyModel,
     MemoryPolicyConfig,
+    SloBudgets,
 )
 from rose_core.protocol.messages import SamplingParams, TurnAborted, TurnRequest, WeightApplied
-from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.co_serving import CoServing, PendingGuard
 from rose_executor.engine.engine_protocol import GenerationOutput
 from rose_executor.memory.serving_first_budget import ModelFootprint, ServingFirstBudget
 from rose_executor.rollout.rollout_runner import RolloutRunner
@@ -248,6 +250,54 @@ async def test_hold_time_is_counted_and_sustained_pressure_calls_for_revocation_
     await request
     await co.tick(base + 0.75)
     assert co.pressure_since is None
+    await co.runner.abort_all("shutdown")
+
+
+async def test_while_the_slo_is_measured_nothing_is_lent_and_no_pressure_counts() -> None:
+    """A host measuring its SLO (``[slo] from_alone``) holds every turn, reports no headroom and counts no
+    pressure toward revocation; the tick after the SLO is known builds the guard with it and lends."""
+    co, _serving, rollout, _, _clock = setup()
+    measured: list[SloBudgets] = []
+    built: list[SloBudgets] = []
+
+    def build(slo: SloBudgets) -> CoServingGuard:
+        built.append(slo)
+        return CoServingGuard.build(GuardSettings(slo), MODEL, MODEL)
+
+    co = CoServing(PendingGuard(lambda: measured[0] if measured else None, build), co.serving, rollout, co.runner,
+                   0.05, clock=co.clock)
+    calls: list[float] = []
+    co.revoke_after_s, co.on_sustained_pressure = 0.1, calls.append
+    co.runner.submit(turn("m"))
+    for i in range(4):
+        verdict = await co.tick(100.0 + 0.1 * i)
+        assert not verdict.headroom and not verdict.start and co.guard is None
+    await asyncio.sleep(0)
+    assert rollout.started == [] and co.held_turns() == 1 and calls == [] and co.pressure_since is None
+    assert co.hold_seconds_total > 0  # a held turn's wait is still hold time
+    measured.append(SloBudgets(0.5, 0.05))
+    verdict = await co.tick(100.5)
+    await asyncio.sleep(0)
+    assert built == [SloBudgets(0.5, 0.05)] and co.guard is not None
+    assert verdict.headroom and rollout.started == ["m:0"]
+    await co.runner.abort_all("shutdown")
+
+
+async def test_without_the_guard_turns_run_whatever_serving_does() -> None:
+    """``[slo] guard = false`` (the co-location baseline): where the guard holds (serving has no TPOT slack),
+    the unguarded host starts the turn and keeps its engine running, and reports headroom."""
+    co, serving, rollout, _, clock = setup()
+    request = serve(serving, "s", 8)
+    await clock.run_until(lambda: [r.tokens_out for r in serving.live_requests()] == [5])
+    co.runner.submit(turn("g"))
+    assert not (await co.tick(100.05)).start  # guarded: held
+    co.unguarded = True
+    verdict = await co.tick(100.1)
+    await asyncio.sleep(0)
+    assert verdict.start == ("g:0",) and verdict.run_rollout and verdict.headroom
+    assert rollout.started == ["g:0"] and not co.paused
+    await serving.abort("s")
+    await request
     await co.runner.abort_all("shutdown")
 
 

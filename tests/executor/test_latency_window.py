@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from rose_core.policy import SloBudgets
 from rose_executor.rollout.warm_trajectories import WarmTrajectories
+from rose_executor.serving.alone_calibration import AloneCalibration, p99
 from rose_executor.serving.latency_window import LatencyWindow
 from rose_executor.serving.serving_monitor import ServingMonitor, has_headroom
 from rose_executor.serving.time_average import TimeAverage
@@ -60,7 +62,7 @@ def test_window_rejects_bad_settings() -> None:
 
 def test_headroom_needs_both_p99_below_the_fraction() -> None:
     clock = [0.0]
-    monitor = ServingMonitor(slo_ttft_s=1.0, slo_tpot_s=0.1, headroom_fraction=0.8, clock=lambda: clock[0])
+    monitor = ServingMonitor(SloBudgets(1.0, 0.1), headroom_fraction=0.8, clock=lambda: clock[0])
     assert monitor.has_headroom()  # no traffic, no pressure
     monitor.on_iteration(ttfts=[0.5], tpots=[0.05, 0.05], finished=[(0.5, 0.05)])
     assert monitor.has_headroom()
@@ -71,6 +73,30 @@ def test_headroom_needs_both_p99_below_the_fraction() -> None:
     clock[0] = 60.0  # the window forgets
     assert monitor.has_headroom()
     assert has_headroom(monitor.snapshot(), 1.0, 0.1, 0.8)
+
+
+def test_a_measured_slo_judges_nothing_and_lends_nothing_until_it_is_known() -> None:
+    calibration = AloneCalibration(multiple=1.5, requests=3)
+    monitor = ServingMonitor(calibration, headroom_fraction=0.8)
+    assert monitor.slo is None and not monitor.has_headroom()
+    monitor.on_iteration(ttfts=[], tpots=[], finished=[(0.010, 0.002), (0.030, 0.004)])
+    assert monitor.slo is None and monitor.requests_total == 0
+    assert "2 of 3" in monitor.basis()
+    monitor.on_iteration(ttfts=[], tpots=[], finished=[(0.020, 0.003), (0.046, 0.001)])
+    assert monitor.slo == SloBudgets(pytest.approx(0.045), pytest.approx(0.006))  # 1.5 x the p99 of the first 3
+    assert monitor.requests_total == 1 and monitor.violations_total == 1  # the 4th is judged: over 45 ms
+    assert monitor.has_headroom()
+    assert "1.5 x serving alone's p99 over 3" in monitor.basis()
+    again = ServingMonitor(calibration, headroom_fraction=0.8)  # a later lease keeps the host's SLO
+    assert again.slo == monitor.slo
+
+
+def test_calibration_rejects_what_cannot_be_measured() -> None:
+    with pytest.raises(ValueError, match="multiple > 0"):
+        AloneCalibration(multiple=0.0, requests=3)
+    calibration = AloneCalibration(multiple=2.0, requests=1)
+    assert calibration.add(float("nan"), 0.001) is None and calibration.seen == 0
+    assert p99([]) == 0.0 and p99([float(v) for v in range(1, 201)]) == 198.0
 
 
 def test_warm_trajectories_are_recent_and_bounded() -> None:

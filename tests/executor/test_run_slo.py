@@ -1,15 +1,18 @@
-"""`rose run`'s serving executors derive their SLO budgets from the start-up profile (the embedded demo)."""
+"""`rose run`'s serving executors measure their SLO on production served alone (``[slo] from_alone``); the
+guard's floor check names its fix."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rose_core.app.config import RunConfig
-from rose_core.app.run.executor_files import DEMO_SLO_FROM_PROFILE, executor_config
-from rose_core.config.executor_config import parse_executor_config
+from rose_core.app.run.executor_files import executor_config
+from rose_core.config.executor_config import GuardSlo, parse_executor_config
 from rose_core.config.sections import dump_toml
+from rose_core.policy import SloBudgets
 from rose_executor.co_serving.co_serving import slo_budgets
 from rose_executor.profile.latency_profile import EngineProfile
 
@@ -18,17 +21,18 @@ PROFILE = EngineProfile(
 )
 
 
-def test_serving_executors_of_rose_run_take_their_slo_from_the_profile(policy_dir: Path, serving_dir: Path) -> None:
+def test_serving_executors_of_rose_run_measure_their_slo_on_production(policy_dir: Path, serving_dir: Path) -> None:
     run = RunConfig()
     serving = parse_executor_config(dump_toml(executor_config(run, "serving", policy_dir, serving_dir)))
-    assert serving.slo.from_profile == DEMO_SLO_FROM_PROFILE > 0
-    budgets = slo_budgets(serving, PROFILE)
-    model = PROFILE.latency_model()
-    assert budgets.ttft_s == pytest.approx(DEMO_SLO_FROM_PROFILE * model.prefill_s(512, serving.rollout.prefill_chunk_tokens))
-    assert budgets.tpot_s == pytest.approx(DEMO_SLO_FROM_PROFILE * model.decode_step_s(serving.serving.max_num_seqs))
-    assert budgets.ttft_s * 1e3 != run.slo.ttft_ms  # not the fixed [slo] values any more
-    dedicated = parse_executor_config(dump_toml(executor_config(run, "dedicated", policy_dir, serving_dir)))
-    assert dedicated.slo.from_profile == 0  # no guard on a dedicated host
+    assert serving.slo.from_alone == run.slo.from_alone == 1.5  # at most 2 x serving alone
+    assert serving.slo.calibration_requests == run.slo.calibration_requests
+    assert slo_budgets(serving, PROFILE) is None  # measured by the host, not derived here
+    quiet = msgspec.convert({"load": {"enabled": False}}, RunConfig)  # no production to measure on
+    fixed = parse_executor_config(dump_toml(executor_config(quiet, "serving", policy_dir, serving_dir)))
+    assert fixed.slo.from_alone == 0 and slo_budgets(fixed, PROFILE) == SloBudgets(2.0, 0.4)
+    assert GuardSlo().from_alone == 0  # an operator's executor keeps its own budgets unless told to measure
+    with pytest.raises(ValueError, match="both set"):
+        GuardSlo(from_alone=1.5, from_profile=2.0)
 
 
 def test_a_ttft_budget_below_the_guards_floor_is_reported_with_its_fix(
@@ -43,7 +47,7 @@ def test_a_ttft_budget_below_the_guards_floor_is_reported_with_its_fix(
 
     serving = parse_executor_config(dump_toml(executor_config(RunConfig(), "serving", policy_dir, serving_dir)))
     rollout = EngineProfile(key="r", prefill_points=[(16, 0.003), (512, 0.015)], decode_points=[(1, 0.002), (16, 0.006)])
-    slo = slo_budgets(serving, PROFILE)
+    slo = SloBudgets(0.05, 0.01)
     guard = CoServingGuard.build(guard_settings(serving, slo), PROFILE.latency_model(), rollout.latency_model())
     expected = guard.ttft_floor_s(512)
     assert expected > PROFILE.latency_model().prefill_s(512, serving.rollout.prefill_chunk_tokens)

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from rose_core.policy import SloBudgets
 from rose_core.support.errors import RoseError
 from rose_executor.engine.vllm_engine import VllmEngine
 from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
@@ -32,7 +33,7 @@ MODEL = "prod-model"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def monitor() -> ServingMonitor:
-    return ServingMonitor(slo_ttft_s=2.0, slo_tpot_s=0.4, headroom_fraction=0.8)
+    return ServingMonitor(SloBudgets(2.0, 0.4), headroom_fraction=0.8)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -37,6 +37,9 @@ borrow_after_s = 5.0
 prompts_per_step = 4
 max_tokens_per_turn = 24
 
+[slo]
+calibration_requests = 20  # production requests served alone that set the serving SLO (50 in the demo)
+
 [load]
 base_rps = 6.0
 burst_rps = 12.0

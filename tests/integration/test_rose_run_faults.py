@@ -48,6 +48,7 @@ burst_rps = 1.5
 [slo]
 ttft_ms = 5000
 tpot_ms = 1000
+from_alone = 0  # the serving executor's budgets come from its profile below
 
 [controller]
 turn_timeout_s = 60

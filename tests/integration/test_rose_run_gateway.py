@@ -39,6 +39,9 @@ max_tokens_per_turn = 24
 algorithm = "grpo"
 eval.every = 0
 
+[slo]
+calibration_requests = 20  # production requests served alone that set the serving SLO (50 in the demo)
+
 [load]
 base_rps = 1.0
 burst_rps = 1.5

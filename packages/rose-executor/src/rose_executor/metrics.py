@@ -24,6 +24,14 @@ SERVING_SLO_ATTAINMENT = Gauge(
     "rose_executor_serving_slo_attainment_ratio",
     "Fraction of finished serving requests that met both the TTFT and the TPOT SLO (since start).",
 )
+SLO_TTFT_BUDGET = Gauge(
+    "rose_executor_slo_ttft_budget_seconds",
+    "The TTFT budget this serving host keeps and judges by (0 while it is still measured: [slo] from_alone).",
+)
+SLO_TPOT_BUDGET = Gauge(
+    "rose_executor_slo_tpot_budget_seconds",
+    "The mean-TPOT budget this serving host keeps and judges by (0 while it is still measured).",
+)
 ROLLOUT_TURNS = Counter(
     "rose_executor_rollout_turns_total",
     "Rollout turns handled, by outcome (aborts carry their reason: memory, weight_update, shutdown, ...).",

@@ -201,10 +201,17 @@ def _print_summary(data: dict[str, Any], report_path: str | None, sync_line: str
         f"\nok={data['ok']}  lost_trajectories={data['lost_trajectories']}  "
         f"version_mismatches={data['version_mismatches']}  turns_rerouted={data['turns_rerouted']} "
         f"(overdue {data['turns_overdue']}, held moved {data['turns_held_moved']})  "
-        f"serving requests={data['serving_requests']} (failed {data['serving_failed_requests']}, "
-        f"SLO violations {data['serving_slo_violations']} at TTFT<={data['slo_ttft_ms']:.0f}ms "
-        f"TPOT<={data['slo_tpot_ms']:.0f}ms)"
+        f"serving requests={data['serving_requests']} (failed {data['serving_failed_requests']})"
     )
+    if data["serving_slo"]:
+        hosts = ", ".join(f"{eid} TTFT<={s['ttft_ms']:.1f}ms TPOT<={s['tpot_ms']:.1f}ms"
+                          for eid, s in data["serving_slo"].items())
+        held = ", ".join(f"{e['executor_id']} {e['guard_hold_seconds']:.1f} s" for e in data["executors"]
+                         if e["role"] == "serving")
+        click.echo(f"serving SLO violations {data['serving_slo_violations']} of {data['serving_slo_judged']} "
+                   f"requests judged by their hosts ({hosts}; the guard's own budgets; by the load generator's "
+                   f"clock, HTTP and its process included: {data['client_slo_violations']}); the guard held rollout "
+                   f"turns {held}, turns served there {sum(s['turns_serving'] for s in data['steps'])}")
     if data["failed_trajectories"] or data["refused_results"]:
         click.echo(f"failed_trajectories={data['failed_trajectories']} (a turn failed past scheduler.turn_retries)  "
                    f"refused_results={data['refused_results']}")

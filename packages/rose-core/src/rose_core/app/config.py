@@ -29,8 +29,9 @@ from rose_core.config.sections import (
     require_port,
     require_positive,
 )
-from rose_core.config.slo import SloConfig
+from rose_core.config.slo import JobSlo
 from rose_core.scheduler.scheduler_config import SchedulerConfig
+from rose_core.support.cpu_list import check_cores_setting
 
 __all__ = [
     "ALGORITHMS",
@@ -43,12 +44,12 @@ __all__ = [
     "ControllerConfig",
     "ExecutorsConfig",
     "GatewayConfig",
+    "JobSlo",
     "LoadConfig",
     "ModelConfig",
     "RLConfig",
     "RunConfig",
     "SchedulerConfig",
-    "SloConfig",
     "load_config",
     "require_fraction",
     "require_positive",
@@ -144,6 +145,11 @@ class ExecutorsConfig(ConfigSection):
     rollout_capacity: int = 4
     """Concurrent turns per executor: small, so one dedicated executor saturates and the borrowed one helps."""
     start_timeout_s: float = 300.0
+    serving_cores: str = "auto"
+    """The cores of the serving executors (production engine, rollout engine, guard), kept apart from the job's
+    (this process, the dedicated executors): ``auto`` (the last half of the cores `rose run` may use, when it
+    may use two or more), ``none`` (every process on every core), or a CPU list (``"3"``, ``"4-7"``); local
+    executors only (Ray places its actors). ``rose_core.app.run.core_split``."""
     serving_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
     """Settings of the serving executors' `rose-executor` config over `rose run`'s own, in its layout (a table per
     section, docs/executor.md), e.g. ``{ memory = { high_watermark = 0.2 }, slo = { revoke_after_pressure_s = 5 } }``;
@@ -156,6 +162,7 @@ class ExecutorsConfig(ConfigSection):
             raise ValueError("need at least one executor (`dedicated` + `serving` >= 1)")
         require_positive(kv_cache_gib=self.kv_cache_gib, rollout_capacity=self.rollout_capacity,
                          start_timeout_s=self.start_timeout_s)
+        check_cores_setting(self.serving_cores)
 
 
 class ModelConfig(ConfigSection):
@@ -228,7 +235,7 @@ class RayConfig(ConfigSection):
 class RunConfig(ConfigSection):
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
-    slo: SloConfig = msgspec.field(default_factory=SloConfig)
+    slo: JobSlo = msgspec.field(default_factory=JobSlo)
     rl: RLConfig = msgspec.field(default_factory=RLConfig)
     load: LoadConfig = msgspec.field(default_factory=LoadConfig)
     executors: ExecutorsConfig = msgspec.field(default_factory=ExecutorsConfig)

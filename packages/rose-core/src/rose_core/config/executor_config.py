@@ -154,6 +154,9 @@ class GuardSlo(SloConfig):
     colocated_profile: bool = True
     """Also profile serving beside a saturated rollout engine at start-up (cached) and let the guard predict
     serving with the slower of the two profiles (the engines time-slice one device)."""
+    guard: bool = True
+    """False: no guard: rollout turns start at once and the rollout engine never waits for serving (the naive
+    co-location baseline, for benchmarks: `rose bench e2e`'s ``colocated``); serving's SLO is only measured."""
     revoke_after_pressure_s: float = 120.0
     """Serving role: after this long without SLO headroom (no break) the executor revokes itself: it gives its
     rollout turns back and ends the lease with this job (also ``rose-executor revoke`` or SIGUSR1); 0: never."""
@@ -163,6 +166,12 @@ class GuardSlo(SloConfig):
         require_positive(latency_window_s=self.latency_window_s, guard_interval_s=self.guard_interval_s)
         require_non_negative(from_profile=self.from_profile, admission_margin_ms=self.admission_margin_ms,
                              revoke_after_pressure_s=self.revoke_after_pressure_s)
+        if not self.guard and self.from_alone > 0:
+            raise ValueError("`guard = false` with `from_alone`: the SLO cannot be measured on serving alone while "
+                             "rollout runs unguarded; give fixed ttft_ms / tpot_ms (from_alone = 0)")
+        if self.from_alone > 0 and self.from_profile > 0:
+            raise ValueError("`from_alone` and `from_profile` both set: the SLO is measured from production "
+                             "(from_alone) or from the start-up profile (from_profile); set one to 0")
 
 
 class MemorySection(ConfigSection):

@@ -1,9 +1,11 @@
 """The serving SLO, spelled the same in a job's config and an executor's (`[slo]`): the latency budgets of
-production requests and the share of them serving keeps for itself before it lends."""
+production requests (fixed, or measured on production served alone: ``from_alone``) and the share of them
+serving keeps for itself before it lends. A serving executor measures by default only when told to
+(``from_alone = 0``: its operator's budgets); a job's `rose run` tells its serving executors to (``JobSlo``)."""
 
 from __future__ import annotations
 
-from rose_core.config.sections import ConfigSection, require_fraction, require_positive
+from rose_core.config.sections import ConfigSection, require_fraction, require_non_negative, require_positive
 
 
 class SloConfig(ConfigSection):
@@ -11,7 +13,22 @@ class SloConfig(ConfigSection):
     tpot_ms: float = 400.0
     headroom_fraction: float = 0.8
     """A serving executor lends capacity only while its p99s stay under this fraction of the SLO."""
+    from_alone: float = 0.0
+    """> 0: the budgets are this multiple of the p99 TTFT and p99 TPOT of the first ``calibration_requests``
+    production requests a serving host finishes before it lends anything (vLLM's request timings, measured once
+    per executor process; in place of ttft_ms and tpot_ms); its guard holds every rollout turn until then."""
+    calibration_requests: int = 50
+    """How many production requests served alone set a ``from_alone`` SLO."""
 
     def __post_init__(self) -> None:
-        require_positive(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms)
+        require_positive(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, calibration_requests=self.calibration_requests)
+        require_non_negative(from_alone=self.from_alone)
         require_fraction(headroom_fraction=self.headroom_fraction)
+
+
+class JobSlo(SloConfig):
+    """A job's `[slo]` (`rose run`): its serving executors measure the SLO on production served alone, at
+    ``from_alone`` x its p99, and the run's report judges production by the same numbers (0: the fixed
+    ttft_ms / tpot_ms for both)."""
+
+    from_alone: float = 1.5

@@ -79,6 +79,14 @@ class LoadReport(msgspec.Struct, kw_only=True):
     serving_ttft_p99_ms: float = 0.0
     serving_tpot_p99_ms: float = 0.0
     serving_slo_violations_total: int = 0
+    """Of ``serving_requests_total``: finished production requests over the host's SLO (vLLM's request timings
+    against ``slo_ttft_ms`` / ``slo_tpot_ms``); both count from the moment the SLO is known."""
+    slo_ttft_ms: float = 0.0
+    """The serving host's SLO, the one its guard keeps and its requests are judged by (0: a dedicated executor,
+    or a host still measuring it: ``slo_basis``)."""
+    slo_tpot_ms: float = 0.0
+    slo_basis: str = ""
+    """How the host set its SLO (its config, its profile, or measured on production served alone)."""
     slo_headroom: bool = True
     rollout_in_flight: int = 0
     rollout_capacity: int = 16

@@ -21,7 +21,7 @@ from rose_core.config.executor_config import ExecutorConfig
 from rose_core.protocol.messages import Register, Role
 from rose_executor import metrics
 from rose_executor.agent.inactive_policy import InactivePolicy, activate, deactivate
-from rose_executor.co_serving.co_serving import CoServing
+from rose_executor.co_serving.co_serving import CoServing, slo_budgets
 from rose_executor.engine.engine_launcher import EngineLauncher
 from rose_executor.engine.engine_protocol import Engine
 from rose_executor.engine.engine_settings import engine_spec_for
@@ -34,6 +34,7 @@ from rose_executor.profile.latency_profile import load_or_profile
 from rose_executor.profile.model_info import describe_model
 from rose_executor.rollout.engine_memory import EngineMemory
 from rose_executor.rollout.rollout_runner import Reply, RolloutRunner
+from rose_executor.serving.alone_calibration import AloneCalibration
 from rose_executor.serving.openai_server import EndpointOptions, OpenAIServer
 from rose_executor.serving.serving_monitor import ServingMonitor
 from rose_executor.weights.weight_updater import WeightUpdater
@@ -75,6 +76,14 @@ class Host:
     """The lease's rollout engine memory (shared by the guard and the updater)."""
     inactive: InactivePolicy | None = None
     """The pre-deployed policy kept between leases (``[rollout] keep_between_leases``)."""
+    alone: AloneCalibration | None = None
+    """``[slo] from_alone``: the SLO this host measures once, on its first lease, and keeps for the others."""
+
+    def calibration(self) -> AloneCalibration:
+        slo = self.plan.config.slo
+        if self.alone is None:
+            self.alone = AloneCalibration(slo.from_alone, slo.calibration_requests)
+        return self.alone
 
     def register_message(self) -> Register:
         plan, cfg = self.plan, self.plan.config
@@ -258,11 +267,12 @@ async def _start_guard(host: Host, engines: tuple[Engine, Engine], runner: Rollo
     cache = Path(cfg.profile_cache_dir) if cfg.profile_cache_dir else None
     profiles = (await load_or_profile(serving, cache), await load_or_profile(rollout, cache))
     colocated = await load_or_profile_colocated(serving, rollout, cache) if cfg.slo.colocated_profile else None
-    host.co_serving = CoServing.build(cfg, profiles, engines, runner, colocated, engine_memory=engine_memory,
-                                      on_sustained_pressure=on_sustained_pressure)
-    admission = host.co_serving.guard.admission.config
-    host.monitor = ServingMonitor(admission.ttft_budget_s, admission.tpot_budget_s, cfg.slo.headroom_fraction,
-                                  cfg.slo.latency_window_s)
+    basis = (f"{cfg.slo.from_profile:g} x the start-up profile's serving alone" if cfg.slo.from_profile > 0
+             else "the executor's [slo] ttft_ms and tpot_ms")
+    host.monitor = monitor = ServingMonitor(slo_budgets(cfg, profiles[0]) or host.calibration(),
+                                            cfg.slo.headroom_fraction, cfg.slo.latency_window_s, basis=basis)
+    host.co_serving = CoServing.build(cfg, profiles, engines, runner, colocated, slo=lambda: monitor.slo,
+                                      engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure)
     if cfg.slo.p99_feedback:
-        host.co_serving.set_feedback(host.monitor.has_headroom)
+        host.co_serving.set_feedback(monitor.has_headroom)
     serving.attach_observer(host.monitor)

@@ -66,4 +66,8 @@ def _add_guard(host: Host, report: LoadReport) -> None:
         report.serving_requests_in_flight = host.serving.num_unfinished_requests()
         report.serving_requests_total = host.monitor.requests_total
         report.serving_slo_violations_total = host.monitor.violations_total
+        if host.monitor.slo is not None:
+            report.slo_ttft_ms = host.monitor.slo.ttft_s * 1000
+            report.slo_tpot_ms = host.monitor.slo.tpot_s * 1000
+        report.slo_basis = host.monitor.basis()
         report.slo_headroom = co.headroom if co is not None else host.monitor.has_headroom()

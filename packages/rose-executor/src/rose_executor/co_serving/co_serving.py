@@ -30,13 +30,33 @@ from rose_executor.rollout.rollout_runner import RolloutRunner
 log = logging.getLogger(__name__)
 
 
-def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets:
-    """Config values, or ``[slo] from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0."""
+def slo_budgets(config: ExecutorConfig, serving: EngineProfile) -> SloBudgets | None:
+    """Config values, or ``[slo] from_profile`` x the profiled serving-alone TTFT / TPOT when that is > 0;
+    None with ``[slo] from_alone`` (the host measures them: ``AloneCalibration``)."""
+    if config.slo.from_alone > 0:
+        return None
     if config.slo.from_profile <= 0:
         return SloBudgets(config.slo.ttft_ms / 1000, config.slo.tpot_ms / 1000)
     longest = max(n for n, _ in serving.prefill_points)
     return SloBudgets.from_profile(config.slo.from_profile, serving.latency_model(), longest,
                                    config.rollout.prefill_chunk_tokens, config.serving.max_num_seqs)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingGuard:
+    """A guard whose SLO is still being measured: ``ready()`` builds it once ``slo()`` answers; until then the
+    host lends nothing (every turn held, no headroom reported, no pressure counted)."""
+
+    slo: Callable[[], SloBudgets | None]
+    build: Callable[[SloBudgets], CoServingGuard]
+
+    def ready(self) -> CoServingGuard | None:
+        slo = self.slo()
+        return self.build(slo) if slo is not None else None
+
+
+MEASURING = GuardVerdict(start=(), run_rollout=False, headroom=False, min_slack_s=math.inf)
+"""The verdict while the SLO is being measured: nothing runs."""
 
 
 def guard_settings(config: ExecutorConfig, slo: SloBudgets) -> GuardSettings:
@@ -82,7 +102,7 @@ class CoServing:
 
     def __init__(
         self,
-        guard: CoServingGuard,
+        guard: CoServingGuard | PendingGuard,
         serving: Engine,
         rollout: Engine,
         runner: RolloutRunner,
@@ -99,8 +119,10 @@ class CoServing:
         ``engine_memory``: the rollout engine's memory, shared with the weight updater (default: its own).
         ``on_sustained_pressure`` is called once (with the seconds) when serving went ``revoke_after_s``
         without headroom (0: never). ``call_timeout_s``: how long a pause or resume of the rollout engine may
-        take before it counts as hung (``EngineHung`` ends the guard's loop, and with it the lease)."""
-        self.guard = guard
+        take before it counts as hung (``EngineHung`` ends the guard's loop, and with it the lease).
+        A ``PendingGuard``: the guard is built once its SLO is measured, and the host lends nothing before."""
+        self.guard: CoServingGuard | None = guard if isinstance(guard, CoServingGuard) else None
+        self._pending = guard if isinstance(guard, PendingGuard) else None
         self.serving = serving
         self.rollout = rollout
         self.runner = runner
@@ -113,6 +135,8 @@ class CoServing:
         self.last: GuardVerdict | None = None
         self.feedback: Callable[[], bool] | None = None
         """The p99 feedback rule (``ServingMonitor.has_headroom``); None: off."""
+        self.unguarded = False
+        """``[slo] guard = false``: every queued turn starts and the engine runs, whatever serving does."""
         self.hold_seconds_total = 0.0
         """Time rollout turns were in flight here while the guard held them (serving had no slack to lend:
         queued turns not released, running ones paused when their next step would break a budget)."""
@@ -136,20 +160,31 @@ class CoServing:
         runner: RolloutRunner,
         colocated: EngineProfile | None = None,
         *,
+        slo: Callable[[], SloBudgets | None],
         engine_memory: EngineMemory | None = None,
         on_sustained_pressure: Callable[[float], None] | None = None,
     ) -> CoServing:
         """The guard of a serving host from its config and the (serving, rollout) profiles, plus the serving
         profile measured beside a saturated rollout engine when there is one; no p99 feedback until
-        ``set_feedback``. SLO budgets come from the serving-alone profile."""
-        slo = slo_budgets(config, profiles[0])
+        ``set_feedback``. ``slo``: the host's budgets (the monitor's: None while it measures them)."""
         serving_model = guard_serving_model(profiles[0], colocated)
-        guard = CoServingGuard.build(guard_settings(config, slo), serving_model, profiles[1].latency_model())
-        log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", slo.ttft_s * 1e3, slo.tpot_s * 1e3)
-        check_ttft_floor(guard, slo, max(n for n, _ in profiles[0].prefill_points))
-        return cls(guard, engines[0], engines[1], runner, config.slo.guard_interval_s, runner.memory,
-                   engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure,
-                   revoke_after_s=config.slo.revoke_after_pressure_s, call_timeout_s=config.rollout.call_timeout_s)
+        longest = max(n for n, _ in profiles[0].prefill_points)
+
+        def build_guard(budgets: SloBudgets) -> CoServingGuard:
+            guard = CoServingGuard.build(guard_settings(config, budgets), serving_model, profiles[1].latency_model())
+            log.info("SLO guard: TTFT budget %.1f ms, TPOT budget %.1f ms", budgets.ttft_s * 1e3, budgets.tpot_s * 1e3)
+            check_ttft_floor(guard, budgets, longest)
+            return guard
+
+        pending = PendingGuard(slo, build_guard)
+        co = cls(pending.ready() or pending, engines[0], engines[1], runner, config.slo.guard_interval_s,
+                 runner.memory, engine_memory=engine_memory, on_sustained_pressure=on_sustained_pressure,
+                 revoke_after_s=config.slo.revoke_after_pressure_s, call_timeout_s=config.rollout.call_timeout_s)
+        if not config.slo.guard:
+            log.warning("[slo] guard = false: rollout turns run whatever serving does (a benchmark's baseline; "
+                        "serving's SLO is measured, not kept)")
+            co.unguarded = True
+        return co
 
     def set_feedback(self, feedback: Callable[[], bool] | None) -> None:
         self.feedback = feedback
@@ -207,10 +242,15 @@ class CoServing:
         if self.engine_memory.restores != self._restores_seen:  # restored (here or by an update): it runs again
             self._restores_seen, self.paused = self.engine_memory.restores, False
         feedback_ok = self.feedback() if self.feedback is not None else True
-        verdict = self.guard.decide(now, serving, running, queued, feedback_ok)
+        guard = self._guard()
+        if self.unguarded:
+            verdict = GuardVerdict(start=tuple(q.key for q in queued), run_rollout=True, headroom=True,
+                                   min_slack_s=math.inf)
+        else:
+            verdict = guard.decide(now, serving, running, queued, feedback_ok) if guard is not None else MEASURING
         if cut_hold:  # nothing runs on released memory until the budget thaws
             verdict = dataclasses.replace(verdict, start=(), run_rollout=False)
-        self._account(now, verdict)
+        self._account(now, verdict, measuring=guard is None and not self.unguarded)
         self.last = verdict
         if verdict.headroom != self.headroom:
             self._log_headroom(now, verdict, serving, feedback_ok)
@@ -221,6 +261,11 @@ class CoServing:
         if not self.active or cut_hold:
             await self.engine_memory.release()  # where the platform can, and no weight update holds it
         return verdict
+
+    def _guard(self) -> CoServingGuard | None:
+        if self.guard is None and self._pending is not None:
+            self.guard = self._pending.ready()
+        return self.guard
 
     def _cut(self, budget_bytes: int, youngest: tuple[str, ...] | list[str]) -> None:
         """An emergency cut: give back ``youngest`` (admission room), or, where the rollout engine can release
@@ -243,12 +288,13 @@ class CoServing:
                  "regained" if verdict.headroom else "lost", verdict.min_slack_s * 1e3,
                  "ok" if feedback_ok else "over", len(serving), worst)
 
-    def _account(self, now: float, verdict: GuardVerdict) -> None:
-        """Hold time (work waiting, not allowed to run) and sustained pressure (no headroom without a break)."""
+    def _account(self, now: float, verdict: GuardVerdict, measuring: bool = False) -> None:
+        """Hold time (work waiting, not allowed to run) and sustained pressure (no headroom without a break;
+        not while the SLO is being measured: that is no pressure from serving)."""
         last, self._last_tick = self._last_tick, now
         if last is not None and self.active and not verdict.headroom:
             self.hold_seconds_total += max(0.0, now - last)
-        if verdict.headroom:
+        if verdict.headroom or measuring:
             self.pressure_since = None
             return
         if self.pressure_since is None:

@@ -2,16 +2,23 @@
 
 ``ServingMonitor`` is the ``EngineStatsObserver`` the serving engine calls with vLLM's per-iteration stats;
 it keeps a ``LatencyWindow``, counts finished requests and SLO violations, feeds the Prometheus histograms,
-and answers whether serving currently has headroom to lend.
+and answers whether serving currently has headroom to lend. Its SLO is fixed (the config's, or from the
+profile) or measured (``AloneCalibration``: the first production requests it sees set it; until then it
+judges nothing and reports no headroom).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
+from rose_core.policy import SloBudgets
 from rose_executor import metrics
+from rose_executor.serving.alone_calibration import AloneCalibration
 from rose_executor.serving.latency_window import LatencySnapshot, LatencyWindow
+
+log = logging.getLogger(__name__)
 
 
 def has_headroom(snapshot: LatencySnapshot, slo_ttft_s: float, slo_tpot_s: float, fraction: float) -> bool:
@@ -24,23 +31,31 @@ class ServingMonitor:
 
     def __init__(
         self,
-        slo_ttft_s: float,
-        slo_tpot_s: float,
+        slo: SloBudgets | AloneCalibration,
         headroom_fraction: float,
         horizon_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        basis: str = "the executor's [slo] ttft_ms and tpot_ms",
     ) -> None:
-        if slo_ttft_s <= 0 or slo_tpot_s <= 0:
+        """``basis``: how a fixed ``slo`` was set (a calibration says it itself)."""
+        if isinstance(slo, SloBudgets) and (slo.ttft_s <= 0 or slo.tpot_s <= 0):
             raise ValueError("SLO budgets must be > 0")
         if not 0 < headroom_fraction <= 1:
             raise ValueError(f"headroom_fraction must be in (0, 1] (got {headroom_fraction})")
-        self.slo_ttft_s = slo_ttft_s
-        self.slo_tpot_s = slo_tpot_s
+        self.calibration = slo if isinstance(slo, AloneCalibration) else None
+        self.slo: SloBudgets | None = slo if isinstance(slo, SloBudgets) else slo.budgets()
         self.headroom_fraction = headroom_fraction
         self.window = LatencyWindow(horizon_s)
         self.requests_total = 0
+        """Finished requests judged against the SLO (from the moment it is known)."""
         self.violations_total = 0
         self._clock = clock
+        self._basis = basis
+        if self.slo is not None:
+            _publish(self.slo)
+
+    def basis(self) -> str:
+        return self.calibration.basis() if self.calibration is not None else self._basis
 
     def on_iteration(
         self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
@@ -50,15 +65,26 @@ class ServingMonitor:
             self.window.add_ttft(now, value)
             metrics.SERVING_TTFT.observe(value)
         for value in tpots:
-            self.window.add_tpot(now, value)
             metrics.SERVING_TPOT.observe(value)
         for ttft, tpot in finished:
+            self.window.add_tpot(now, tpot)  # the SLO's TPOT (a request's mean), not one token's gap
+            if self.slo is None:
+                self._calibrate(ttft, tpot)
+                continue
             self.requests_total += 1
-            if ttft > self.slo_ttft_s or tpot > self.slo_tpot_s:
+            if ttft > self.slo.ttft_s or tpot > self.slo.tpot_s:
                 self.violations_total += 1
                 metrics.SERVING_SLO_VIOLATIONS.inc()
-        if finished:
+        if finished and self.requests_total:
             metrics.SERVING_SLO_ATTAINMENT.set(1 - self.violations_total / self.requests_total)
+
+    def _calibrate(self, ttft: float, tpot: float) -> None:
+        if self.calibration is None or (budgets := self.calibration.add(ttft, tpot)) is None:
+            return
+        self.slo = budgets
+        _publish(budgets)
+        log.info("serving SLO measured: TTFT %.1f ms, TPOT %.1f ms = %s; the guard lends from now on",
+                 budgets.ttft_s * 1e3, budgets.tpot_s * 1e3, self.calibration.basis())
 
     def on_scheduler(self, kv_usage_ratio: float) -> None:
         self.window.set_kv_usage(self._clock(), kv_usage_ratio)
@@ -67,4 +93,12 @@ class ServingMonitor:
         return self.window.snapshot(self._clock())
 
     def has_headroom(self) -> bool:
-        return has_headroom(self.snapshot(), self.slo_ttft_s, self.slo_tpot_s, self.headroom_fraction)
+        """False while the SLO is still being measured (nothing may be lent before it is known)."""
+        if self.slo is None:
+            return False
+        return has_headroom(self.snapshot(), self.slo.ttft_s, self.slo.tpot_s, self.headroom_fraction)
+
+
+def _publish(slo: SloBudgets) -> None:
+    metrics.SLO_TTFT_BUDGET.set(slo.ttft_s)
+    metrics.SLO_TPOT_BUDGET.set(slo.tpot_s)

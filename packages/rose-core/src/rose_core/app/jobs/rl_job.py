@@ -38,6 +38,7 @@ from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.controller_metrics import STEP_SECONDS
 from rose_core.app.controller.job_hooks import AcceptedTurn, JobStatus, TurnPayload
 from rose_core.app.jobs.external_trainer import ExternalTrainer
+from rose_core.app.jobs.host_slo import Judged, judged, judged_since
 from rose_core.app.jobs.serving_window import ServingTraffic
 from rose_core.app.jobs.step_report import StepReport, prefix_hit_ratio, share, train_figures
 from rose_core.app.jobs.step_rollout import StepRollout
@@ -104,6 +105,7 @@ class RLJob:
         self._external: WeightAnnounce | None = None
         """The version an external trainer published this step (``rl.trainer = "external"``)."""
         self._prefix_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self._judged_before: Judged = {}
         controller.attach(self)
 
     def _environment(self) -> Any:
@@ -159,6 +161,7 @@ class RLJob:
         moved_before = (stats.reroutes, stats.overdue, stats.held_moved)
         refused_before = dict(stats.refused_results)
         self._prefix_before = (dict(stats.prompt_tokens_by_role), dict(stats.prefix_hit_tokens_by_role))
+        self._judged_before = judged(self.controller.executors.values())
         self.controller.open_borrowing()
         rollout, self._next = self._next or self._start_rollout(step), None
         deadline = time.monotonic() + self.config.rl.turn_timeout_s * self.config.rl.max_turns
@@ -383,6 +386,7 @@ class RLJob:
         evals = rollout.finished(evals=True)
         slo = self.config.slo
         window = self.serving.window(span[0], span[1], slo.ttft_ms, slo.tpot_ms) if self.serving else None
+        hosts_judged, hosts_over = judged_since(judged(self.controller.executors.values()), self._judged_before)
         return StepReport(
             step=rollout.step, weight_version=rollout.version, trajectories=len(trajectories),
             turns_dedicated=rollout.by_role.get("dedicated", 0), turns_serving=rollout.by_role.get("serving", 0),
@@ -391,7 +395,7 @@ class RLJob:
             serving_requests=window.requests if window else 0,
             serving_ttft_p99_ms=window.ttft_p99_ms if window else 0.0,
             serving_tpot_p99_ms=window.tpot_p99_ms if window else 0.0,
-            serving_slo_violations=window.slo_violations if window else 0,
+            serving_slo_violations=hosts_over + (window.failed if window else 0), serving_slo_judged=hosts_judged,
             lost_trajectories=len(rollout.open), failed_trajectories=rollout.failed,
             published_version=self.version, prefix_hit_ratio=prefix_hit_ratio(self.controller.stats, self._prefix_before),
             success_rate=share(t.success for t in trajectories),

@@ -26,6 +26,10 @@ class StepReport:
     serving_ttft_p99_ms: float
     serving_tpot_p99_ms: float
     serving_slo_violations: int
+    """Production requests over their serving host's SLO this step, judged by the host (vLLM's request timings,
+    ``jobs.host_slo``), plus those that failed at the client; the p99s above are the client's."""
+    serving_slo_judged: int = 0
+    """Production requests the serving hosts judged this step (as of their last heartbeats)."""
     turns_rerouted: int = 0
     turns_overdue: int = 0
     """Of those, turns that ran over ``controller.turn_timeout_s`` on an executor that still heartbeats."""

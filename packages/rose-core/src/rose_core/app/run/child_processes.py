@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from rose_core.app.run.core_split import pin_process
 from rose_core.support.errors import RoseError
 
 PARENT_PID = "{actor-pid}"
@@ -43,7 +44,9 @@ class ChildProcesses:
         self.log_dir = log_dir
         self.children: list[Child] = []
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+              cores: tuple[int, ...] = ()) -> Child:
+        """``cores``: pin the child to them (before it starts a thread: its interpreter is still loading)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log_file = log_path.open("wb")
@@ -51,6 +54,8 @@ class ChildProcesses:
             argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True,
         )
+        if cores:
+            pin_process(proc.pid, cores)
         child = Child(name, proc, log_path, log_file)
         self.children.append(child)
         return child

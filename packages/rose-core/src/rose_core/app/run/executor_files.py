@@ -15,21 +15,19 @@ from rose_core.config.executor_config import MOVED, ExecutorConfig, GuardSlo, Ro
 from rose_core.config.sections import dump_toml
 from rose_core.support.errors import ConfigError
 
-DEMO_SLO_FROM_PROFILE = 10.0
-"""The embedded demo's serving SLO: a serving executor derives its TTFT / TPOT budgets from its start-up
-profile, as this multiple of the serving-alone latency (prefill of a 512-token prompt; decode step at the full
-serving batch); `[slo]` ttft_ms / tpot_ms then only judge the client-side latency in the run report."""
-
 
 def executor_config(config: RunConfig, role: str, policy: Path, serving: Path) -> ExecutorConfig:
-    """One local executor's config: the job's SLO, KV cache and capacity, then that role's overrides."""
+    """One local executor's config: the job's SLO (measured on production served alone with ``[slo]
+    from_alone``: the job's report then judges by each host's measured numbers), KV cache and capacity, then
+    that role's overrides."""
     ex, slo = config.executors, config.slo
     serving_role = role == "serving"
     base = ExecutorConfig(
         rollout=RolloutSection(model_dir=str(policy), capacity=ex.rollout_capacity),
         serving=ServingSection(model_dir=str(serving), host="127.0.0.1", port=0) if serving_role else ServingSection(),
         slo=GuardSlo(ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, headroom_fraction=slo.headroom_fraction,
-                     from_profile=DEMO_SLO_FROM_PROFILE if serving_role else 0.0),
+                     from_alone=slo.from_alone if config.load.enabled else 0.0,  # nothing to measure on
+                     calibration_requests=slo.calibration_requests),
         kv_cache_gib=ex.kv_cache_gib, encrypt_control=config.controller.encrypt,
     )
     overrides = ex.serving_overrides if serving_role else ex.dedicated_overrides

@@ -16,6 +16,7 @@ from rose_core.app.config import RELAY_NONE, RELAY_START, RunConfig
 from rose_core.app.controller.control_loop import ControlLoop
 from rose_core.app.controller.controller import Controller
 from rose_core.app.run.child_processes import PARENT_PID, ChildProcesses
+from rose_core.app.run.core_split import CoreSplit, core_split, pin_process
 from rose_core.app.run.executor_files import executor_config, write_executor_config
 from rose_core.app.run.load_generator import LoadGenerator
 from rose_core.app.weight_publisher import WeightPublisher, WeightRelay, load_publisher
@@ -145,6 +146,7 @@ class Launch:
         controller = self._control()
         ex = self.config.executors
         roles = [("dedicated", i) for i in range(ex.dedicated)] + [("serving", i) for i in range(ex.serving)]
+        split = self._split_cores()
         for role, i in roles:
             executor_id = f"{role}-{i}"
             path = self.run_dir / f"executor-{executor_id}.toml"
@@ -155,7 +157,9 @@ class Launch:
                     "--config", str(path), "--executor-id", executor_id, "--secret-file", str(key_path),
                     "--metrics-port", "0", "--log-level", executor_log_level(), "--parent-pid"]
             if isinstance(self.children, ChildProcesses):
-                self.children.start(f"executor-{executor_id}", [*argv, str(os.getpid())])
+                self.children.start(f"executor-{executor_id}", [*argv, str(os.getpid())],
+                                    env=split.env_of(role) if split else None,
+                                    cores=split.cores_of(role) if split else ())
             else:  # its config and its key travel to the actor through Ray; it watches its actor's pid
                 files = {str(path): path.read_bytes(), str(key_path): key_path.read_bytes()}
                 self.children.start(f"executor-{executor_id}", [*argv, PARENT_PID], role=role, files=files)
@@ -165,6 +169,21 @@ class Launch:
         self._wait_for_executors(len(roles), alive=self.children.check_alive)
         self.say(f"executors ready in {time.monotonic() - t0:.0f}s: " + ", ".join(
             f"{r.executor_id} ({r.role})" for r in controller.executors.values()))
+
+    def _split_cores(self) -> CoreSplit | None:
+        """Local executors only (Ray places its actors): pin this process (controller, trainer, load generator)
+        to the job's side now, before the trainer starts its threads; the executors are pinned as they start."""
+        ex = self.config.executors
+        if self.config.ray.address or not ex.serving:
+            return None
+        split = core_split(ex.serving_cores)
+        if split is None:
+            self.say("cores: every process shares every core ([executors] serving_cores); borrowing a serving "
+                     "host adds no capacity here")
+            return None
+        pin_process(os.getpid(), split.job)
+        self.say(split.describe())
+        return split
 
     def watch_executors(self) -> None:
         """The job's watchdog: an executor whose process exited is taken out of the job (its turns re-routed)

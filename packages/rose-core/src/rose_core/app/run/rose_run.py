@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +20,23 @@ from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.executor_record import ExecutorRecord
 from rose_core.app.gateway.http_server import ApiServer
 from rose_core.app.jobs.external_trainer import ExternalTrainer
+from rose_core.app.jobs.host_slo import HostSlo, host_slos, judged, judged_since
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_report import StepReport
 from rose_core.app.run.interrupts import caused_by_interrupt, signals_as_interrupt
 from rose_core.app.run.launch import Launch, Say
 from rose_core.app.run.load_generator import LoadGenerator
 from rose_core.app.run.run_report import RunReport
+from rose_core.app.run.serving_slo_wait import wait_for_serving_slo
 from rose_core.app.weight_publisher import WeightPublisher
 from rose_core.protocol.messages import StepStatus
 from rose_core.support.errors import MissingExtraError, RoseError
 from rose_core.support.heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
+
+SLO_WAIT_S = 180.0
+"""How long `rose run` waits for its serving executors to measure their SLO before the first step."""
 
 
 def require_extras(need_executor: bool = True) -> None:
@@ -64,25 +71,29 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     require_extras(need_executor=spawn)
     if config.ray.address and importlib.util.find_spec("ray") is None:
         raise MissingExtraError("Ray (`--ray`: executors as Ray actors)", "rose-core[ray]")
-    report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)
+    report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)  # the hosts' once known
     launch = Launch(config, say, secret_file, spawn)
     job: RLJob | None = None
     with signals_as_interrupt():
         try:
             controller, publisher = launch.start()
             load = launch.start_load()
+            if load is not None and config.slo.from_alone > 0:
+                wait_for_serving_slo(launch.control_loop(), controller, config.slo.calibration_requests,
+                                     SLO_WAIT_S, say)
             job = _make_job(config, controller, publisher, load, launch, progress, say)
             first = 1
             if resume is not None:
                 first = job.resume(resume) + 1
                 say(f"resumed from {resume}: step {first - 1} done, weight version {job.version}")
             freeze_startup_heap()
+            since = time.monotonic()
             for step in range(first, config.rl.steps + 1):
                 step_report = job.run_step(step)
                 report.add(step_report)
                 if on_step is not None:
                     on_step(step_report)
-            _finish(report, controller, load, config)
+            _finish(report, controller, load, config, since)
         except BaseException as exc:
             if not (isinstance(exc, KeyboardInterrupt) or caused_by_interrupt(exc)):
                 if isinstance(exc, RoseError | TimeoutError | RuntimeError):
@@ -95,6 +106,19 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
                 job.close()
             launch.stop()
     return report
+
+
+def client_over(load: LoadGenerator, slo_of: dict[str, HostSlo], since: float) -> int:
+    """Production requests that arrived from ``since`` over their host's SLO as the load generator's own clock
+    saw them (failures too)."""
+    over = 0
+    for sample in load.samples():
+        if sample.arrived < since:
+            continue
+        slo = slo_of.get(load.endpoints[sample.endpoint])
+        if slo is not None and (not sample.ok or sample.ttft_s * 1e3 > slo.ttft_ms or sample.tpot_s * 1e3 > slo.tpot_ms):
+            over += 1
+    return over
 
 
 def resume_point(path: Path, steps: int) -> int:
@@ -165,14 +189,28 @@ def executor_entry(controller: Controller, rec: ExecutorRecord) -> dict[str, Any
     }
 
 
-def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig) -> None:
+def _finish(report: RunReport, controller: Controller, load: LoadGenerator | None, config: RunConfig,
+            since: float) -> None:
+    """``since``: when the first step started (the client-side count starts there)."""
     report.late_results = controller.stats.late_results
     report.retired_executors = dict(controller.stats.retired)
     report.left_executors = dict(controller.stats.left)
     report.executors = [executor_entry(controller, r) for r in controller.executors.values()]
     report.borrowing = list(controller.borrowing.events)
+    records = list(controller.executors.values())
+    slos = host_slos(records)
+    report.serving_slo = {eid: asdict(slo) for eid, slo in sorted(slos.items())}
+    if slos:
+        first = slos[min(slos)]
+        report.slo_ttft_ms, report.slo_tpot_ms = first.ttft_ms, first.tpot_ms
+    report.serving_slo_judged, over = judged_since(judged(records), {})
+    report.serving_slo_violations = over
     if load is not None:
         whole = load.window(0.0, float("inf"), config.slo.ttft_ms, config.slo.tpot_ms)
         report.serving_requests = whole.requests
         report.serving_failed_requests = whole.failed
-        report.serving_slo_violations = whole.slo_violations
+        steps = load.window(since, float("inf"), config.slo.ttft_ms, config.slo.tpot_ms)
+        report.serving_ttft_p99_ms, report.serving_tpot_p99_ms = steps.ttft_p99_ms, steps.tpot_p99_ms
+        report.serving_slo_violations += whole.failed
+        report.client_slo_violations = client_over(load, {r.info.serving_endpoint.rstrip("/"): slos[r.executor_id]
+                                                          for r in records if r.executor_id in slos}, since)

@@ -27,9 +27,23 @@ class RunReport:
     """Turns held back on a borrowed serving executor and moved to a dedicated one (summed over steps)."""
     serving_requests: int = 0
     serving_failed_requests: int = 0
+    serving_ttft_p99_ms: float = 0.0
+    """The load generator's p99 TTFT from the first step on (its clock: HTTP and its process included)."""
+    serving_tpot_p99_ms: float = 0.0
     serving_slo_violations: int = 0
+    """Production requests over their serving host's SLO, judged by the host (``jobs.host_slo``), plus those
+    that failed at the client."""
+    serving_slo_judged: int = 0
+    """Production requests the serving hosts judged (those finished once their SLO was known)."""
+    client_slo_violations: int = 0
+    """The load generator's requests over their host's SLO by its own clock (HTTP and its process included: in
+    `rose run` it shares a process and cores with the trainer), for comparison; requests that arrived from the
+    first step on."""
     slo_ttft_ms: float = 0.0
+    """The first serving host's SLO (``serving_slo`` has every host's); the job's `[slo]` when none reported."""
     slo_tpot_ms: float = 0.0
+    serving_slo: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per serving host: its SLO (``ttft_ms``, ``tpot_ms``) and how it was set (``basis``)."""
     executors: list[dict[str, Any]] = field(default_factory=list)
     borrowing: list[dict[str, Any]] = field(default_factory=list)
     """Serving executors borrowed (with every candidate's KV use) and revoked, in order (``Controller.borrowing``)."""
@@ -80,8 +94,8 @@ COLUMNS = [
     ("sync s", "sync_seconds", "{:.2f}"),
     ("sync MB", None, ""),
     ("srv req", "serving_requests", "{}"),
-    ("TTFT p99 ms", "serving_ttft_p99_ms", "{:.0f}"),
-    ("TPOT p99 ms", "serving_tpot_p99_ms", "{:.0f}"),
+    ("client TTFT p99 ms", "serving_ttft_p99_ms", "{:.0f}"),
+    ("client TPOT p99 ms", "serving_tpot_p99_ms", "{:.0f}"),
     ("SLO viol", "serving_slo_violations", "{}"),
 ]
 
