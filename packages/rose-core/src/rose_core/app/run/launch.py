@@ -71,6 +71,8 @@ class Launch:
         self.relays: dict[str, WeightRelay] = {}
         """cluster name -> the relay `rose run` started for it."""
         self.load: LoadGenerator | None = None
+        self._affinity: tuple[int, ...] = ()
+        """The cores this process could use before the split pinned it (given back by ``stop``)."""
 
     def start(self) -> tuple[Controller, WeightPublisher]:
         from rose_core.app.rl.demo.model_dirs import resolve_models
@@ -181,6 +183,7 @@ class Launch:
             self.say("cores: every process shares every core ([executors] serving_cores); borrowing a serving "
                      "host adds no capacity here")
             return None
+        self._affinity = tuple(sorted(os.sched_getaffinity(0)))
         pin_process(os.getpid(), split.job)
         self.say(split.describe())
         return split
@@ -230,3 +233,5 @@ class Launch:
             relay.close()
         if self.publisher is not None:
             self.publisher.close()
+        if self._affinity:  # the process as it was: a next run in it (`rose bench e2e`) splits the same cores
+            pin_process(os.getpid(), self._affinity)
