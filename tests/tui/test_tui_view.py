@@ -70,6 +70,16 @@ def test_executor_rows() -> None:
     assert cell("serving-1", "routing") == ("-", None)
 
 
+def test_a_serving_host_is_judged_by_its_own_slo_once_it_reports_one() -> None:
+    """A host that measured its SLO (``[slo] from_alone``) carries it in its load: its cells are judged by it."""
+    snapshot = make_snapshot(t=0.0)
+    serving = next(e for e in snapshot.executors if e.executor_id == "serving-0")
+    serving.load.slo_ttft_ms, serving.load.slo_tpot_ms = 100.0, 1000.0  # 120 ms TTFT is past its own 100 ms
+    rows = {row.key: row for row in DashboardModel().update(snapshot).executors}
+    assert rows["serving-0"].cell(EXECUTOR_COLUMNS, "ttft").level == "bad"
+    assert rows["serving-1"].cell(EXECUTOR_COLUMNS, "ttft").level == "bad"  # no SLO of its own: the job's 250 ms
+
+
 def test_step_slo_sync_and_history() -> None:
     view = DashboardModel().update(make_snapshot(t=12.0, step=4))
     assert view.header.controller_id == "ctl-test"

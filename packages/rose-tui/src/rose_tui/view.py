@@ -226,8 +226,8 @@ class DashboardModel:
             Cell(format_ratio(load.serving_kv_usage_ratio), ratio_level(load.serving_kv_usage_ratio))
             if serving
             else Cell(DASH, "idle"),
-            _latency_cell(load.serving_ttft_p99_ms if serving else None, snapshot.slo_ttft_ms),
-            _latency_cell(load.serving_tpot_p99_ms if serving else None, snapshot.slo_tpot_ms),
+            _latency_cell(load.serving_ttft_p99_ms if serving else None, load.slo_ttft_ms or snapshot.slo_ttft_ms),
+            _latency_cell(load.serving_tpot_p99_ms if serving else None, load.slo_tpot_ms or snapshot.slo_tpot_ms),
             guard_cell(load) if serving else Cell(DASH, "idle"),
             Cell(routing_text(e.routed)),
             Cell(format_ratio(load.prefix_hit_ratio)),

@@ -200,14 +200,24 @@ class Controller:
     def close(self) -> None:
         self.server.close()
 
+    def serving_slo(self) -> tuple[float, float]:
+        """The serving SLO the dashboard shows: the first serving host's own, once it reported one (measured
+        with ``[slo] from_alone``, or its operator's), else the job's ``[slo]``."""
+        known = sorted((r for r in self.executors.values() if r.role == "serving" and r.load.slo_ttft_ms > 0),
+                       key=lambda r: r.executor_id)
+        if known:
+            return known[0].load.slo_ttft_ms, known[0].load.slo_tpot_ms
+        return self.config.slo.ttft_ms, self.config.slo.tpot_ms
+
     # ---------------------------------------------------------------- status
 
     def snapshot(self, now: float) -> StatusSnapshot:
         job = self.job.status()
+        slo_ttft_ms, slo_tpot_ms = self.serving_slo()
         return StatusSnapshot(
             controller_id=self.controller_id, time=time.time(),
             executors=[self._status_of(rec, now) for rec in self.executors.values()],
-            step=job.step, slo_ttft_ms=self.config.slo.ttft_ms, slo_tpot_ms=self.config.slo.tpot_ms,
+            step=job.step, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
             weight_sync_seconds=self.weight_sync[0], weight_sync_bytes=self.weight_sync[1],
             history=list(job.history[-50:]), finished=self.finished, started_at=self.started_at,
             weight_sync_publish_seconds=self.last_sync.publish_s,

@@ -60,7 +60,8 @@ def system_config(base: RunConfig, system: str, slo: HostSlo, steps: int, run_di
 def figures(report: RunReport, step_ends: Sequence[float]) -> dict[str, Any]:
     """One system's figures. Throughput and step times leave out the first step (engines and caches warm up
     in it): ``samples_per_s`` is the trajectories of steps 2..N over the time from the end of step 1 to the
-    end of step N."""
+    end of step N. ``rollout_s_per_step`` is the step's report of its rollout: with staleness (``fixed-async``)
+    only the wait for it that training did not hide."""
     steps = report.steps
     warm = steps[1:] if len(steps) > 1 else steps
     span = step_ends[-1] - step_ends[0] if len(step_ends) > 1 else 0.0
