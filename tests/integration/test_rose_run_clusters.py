@@ -17,9 +17,6 @@ run_dir = "{work}/run"
 [controller]
 weights_tls = true
 
-[slo]
-calibration_requests = 20  # production requests served alone that set the serving SLO (50 in the demo)
-
 [rl]
 trainer.lr = 1e-6
 

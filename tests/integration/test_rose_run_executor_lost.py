@@ -21,9 +21,6 @@ CONFIG = """
 models_dir = "{work}/models"
 run_dir = "{work}/run"
 
-[slo]
-calibration_requests = 20  # production requests served alone that set the serving SLO (50 in the demo)
-
 [rl]
 max_tokens_per_turn = 24
 eval.every = 0

@@ -31,9 +31,6 @@ run_dir = "{work}/run"
 weights_port = {weights_port}
 encrypt = true
 
-[slo]
-calibration_requests = 20  # production requests served alone that set the serving SLO (50 in the demo)
-
 [rl]
 trainer.lr = 1e-6
 max_tokens_per_turn = 24

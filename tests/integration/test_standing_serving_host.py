@@ -40,6 +40,7 @@ import pytest
 from rose_core.app.config import load_config
 from rose_core.app.rl.demo.models import ensure_models, load_tokenizer
 from rose_core.app.run.executor_files import executor_config, with_overrides, write_executor_config
+from rose_core.config.slo import JobSlo
 from rose_core.protocol.auth import write_new_secret
 from rose_core.support.metrics import free_port
 
@@ -77,6 +78,8 @@ HOST = {"lease_expiry_s": 5.0, "lend_retry_s": 0.5, "rollout": {"call_timeout_s"
 """The host's settings for a short run: a gone controller's lease ends after 5 s, a hung call after 5 s."""
 RATE_S = 0.4
 """One production request every 0.4 s: 2.5 requests/s."""
+ALONE_S = 8.0
+"""Production served alone before the first job: 20 requests, the sample its SLO is measured on."""
 STEADY = ("steady A", "steady B", "steady B after the failed apply", "steady B after the kill", "steady C")
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "max_position_embeddings": 1024}
@@ -248,7 +251,7 @@ def standing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         production = engine_cores(host.pid)
         load.start()
         phases.mark("serving alone")
-        time.sleep(5)
+        time.sleep(ALONE_S)
         gauges["before"] = lease_gauges(metrics_url)
 
         with LiveRun(work, job_text["a"], A_STEPS, command="controller", name="-a", args=controller) as a:
@@ -389,13 +392,19 @@ def test_the_revocation_was_the_operators(standing: dict[str, Any]) -> None:
 
 
 def test_production_latency_per_phase_and_steady_lending_within_the_slo(standing: dict[str, Any]) -> None:
-    """The SLO is the host's own: its guard's TTFT budget, 10x the serving-alone prefill it profiled at start
-    (a 512-token prompt), stricter than any job's `[slo]`."""
+    """Production as its client sees it, judged the way the host sets its own SLO (`[slo] from_alone`): that
+    multiple of the p99 TTFT the client saw while the host served alone, before any job. (The host's budget is
+    of vLLM's own request timings, which start after the HTTP server has parsed the request: the client's TTFT
+    is longer by the endpoint's own time, so it is judged against the client's own serving alone.)"""
     budget = re.search(r"SLO guard: TTFT budget ([\d.]+) ms", standing["log"])
     assert budget, "the host logged no SLO guard budget"
-    slo_ms = float(budget.group(1))
+    multiple = JobSlo().from_alone
     table = standing["phases"].p99_ttft(standing["load"])
-    print(f"\nproduction p99 TTFT per phase (requests, ms; the host's SLO: {slo_ms:.1f} ms):")
+    count, alone_ms = table["serving alone"]
+    assert count >= 15, table["serving alone"]
+    slo_ms = multiple * alone_ms
+    print(f"\nproduction p99 TTFT per phase as the client sees it (requests, ms; the SLO: {multiple:g} x serving "
+          f"alone = {slo_ms:.1f} ms; the host's own, of vLLM's timings: {float(budget.group(1)):.1f} ms):")
     for name, (count, p99) in table.items():
         print(f"  {name:34s} {count:4d} {p99:8.1f}")
     for name in STEADY:

@@ -123,6 +123,11 @@ class RolloutSection(ConfigSection):
     call_timeout_s: float = 60.0
     """A call into the rollout engine that steers it (pause, resume, release or restore its memory) and has not
     returned after this long means the engine hangs: on a serving host the lease ends and the engine is stopped."""
+    nice: int = 19
+    """Serving role: the rollout engine's processes run at this CPU priority (0-19; 19 the lowest), so the kernel
+    gives production's CPU work (its engine loop, its workers, the HTTP front end) a core first, and rollout
+    work, a weight version's pull and apply included, takes what production leaves. 0: the same as
+    production's (the naive co-location baseline)."""
 
     def __post_init__(self) -> None:
         if not self.model_dir:
@@ -132,6 +137,8 @@ class RolloutSection(ConfigSection):
             raise ValueError(f"`capacity` {self.capacity} is over {MAX_ROLLOUT_CAPACITY} turns: lower it")
         require_at_least(1, prefill_chunk_tokens=self.prefill_chunk_tokens)
         require_positive(call_timeout_s=self.call_timeout_s)
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"`nice` {self.nice} is not a CPU priority: 0 (production's) to 19 (the lowest)")
         _require_memory_fraction(memory_fraction=self.memory_fraction)
 
 

@@ -36,3 +36,6 @@ class JobSlo(SloConfig):
     step's weights to the rollout engine, and the p99 feedback (lend only under 0.8 x the SLO) at 1.5 x left the
     host lending nothing in a CI run that had measured a quiet alone (TPOT p99 4.9 ms, budget 7.4 ms, the
     job's steps 4-8 ms without a turn lent)."""
+    calibration_requests: int = 20
+    """20 (an operator's executor: 50): at the demo's 1 production request/s the job's first step waits about
+    20 s for its SLO; the p99 of 20 or of 50 requests is their slowest either way (nearest rank)."""

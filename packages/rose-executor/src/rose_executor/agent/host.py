@@ -77,13 +77,20 @@ class Host:
     inactive: InactivePolicy | None = None
     """The pre-deployed policy kept between leases (``[rollout] keep_between_leases``)."""
     alone: AloneCalibration | None = None
-    """``[slo] from_alone``: the SLO this host measures once, on its first lease, and keeps for the others."""
+    """``[slo] from_alone``: the SLO this host measures once, on production served alone (between leases, and
+    at its first lease while the guard holds every turn), and keeps for every lease."""
 
     def calibration(self) -> AloneCalibration:
         slo = self.plan.config.slo
         if self.alone is None:
             self.alone = AloneCalibration(slo.from_alone, slo.calibration_requests)
         return self.alone
+
+    def observe_alone(self) -> None:
+        """Between leases: production's finished requests go to the calibration (``[slo] from_alone``), else to
+        nobody."""
+        if self.serving is not None:
+            self.serving.attach_observer(self.calibration() if self.plan.config.slo.from_alone > 0 else None)
 
     def register_message(self) -> Register:
         plan, cfg = self.plan, self.plan.config
@@ -138,7 +145,9 @@ async def start_production(host: Host) -> None:
     if cfg.rollout.keep_between_leases:  # pre-deploy the policy, inactive until a job takes the host
         engine = await _start_engine(host, cfg.rollout.model_dir, "rollout")
         await _check_patchable(engine, cfg.rollout.model_dir)
+        await _as_rollout_work(host, engine)
         host.inactive = await deactivate(engine, cfg.rollout.model_dir, 0, EngineMemory(engine, cfg.rollout.call_timeout_s))
+    host.observe_alone()
     _report_lease(host, lent_bytes=0)
 
 
@@ -150,6 +159,8 @@ async def start_lending(host: Host, model_dir: str, send: Reply,
     headroom for ``revoke_after_pressure_s`` (the agent revokes the host)."""
     plan, cfg = host.plan, host.plan.config
     started = time.perf_counter()
+    if host.serving is not None:  # a rollout engine starting beside it: production no longer served alone
+        host.serving.attach_observer(None)
     host.rollout_model_dir = model_dir
     rollout, version, engine_memory, how = await _rollout_engine(host, model_dir)
     host.engine_memory = engine_memory
@@ -181,6 +192,7 @@ async def _rollout_engine(host: Host, model_dir: str) -> tuple[Engine, int, Engi
         await _stop_engine(host, kept.engine)
     engine = host.rollout = await _start_engine(host, model_dir, "rollout")  # stopped with the lease if not fit
     await _check_patchable(engine, model_dir)
+    await _as_rollout_work(host, engine)
     return engine, 0, EngineMemory(engine, host.plan.config.rollout.call_timeout_s), "started"
 
 
@@ -189,6 +201,14 @@ async def _check_patchable(engine: Engine, model_dir: str) -> None:
     fail): quantized or fused layouts, names the checkpoint lacks, a model it cannot split over the engine's
     tensor-parallel ranks, pipeline stages."""
     await engine.check_weights(model_dir)
+
+
+async def _as_rollout_work(host: Host, engine: Engine) -> None:
+    """On a serving host, the rollout engine's processes at the rollout side's CPU priority (``[rollout] nice``):
+    production's CPU work, a weight apply's included, runs first (``host/cpu_priority.py``)."""
+    nice = host.plan.config.rollout.nice
+    if host.serving is not None and nice > 0:
+        await engine.lower_cpu_priority(nice)
 
 
 async def give_turns_back(host: Host, why: str) -> None:
@@ -220,6 +240,7 @@ async def stop_lending(host: Host, keep: bool = False) -> None:
                 log.warning("could not keep the rollout engine inactive (%s); stopping it", exc)
         if host.inactive is None or host.inactive.engine is not rollout:
             await _stop_engine(host, rollout)
+    host.observe_alone()
     _report_lease(host, lent_bytes=0)
 
 

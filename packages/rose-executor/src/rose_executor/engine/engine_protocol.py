@@ -166,6 +166,10 @@ class Engine(Protocol):
         """Hold no weight version any more (a kept engine between two jobs): the next one comes whole."""
         ...
 
+    async def lower_cpu_priority(self, nice: int) -> None:
+        """Run every process of this engine (its workers) at CPU priority ``nice`` from now on, for its life."""
+        ...
+
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """An OpenAI-compatible ASGI app bound to this engine (vLLM's own FastAPI app), not yet listening; with
         ``api_key``, its ``/v1`` routes require it."""

@@ -307,6 +307,10 @@ class VllmEngine:
     async def forget_weights(self) -> None:
         await self.llm.collective_rpc("rose_weights_forget")
 
+    async def lower_cpu_priority(self, nice: int) -> None:
+        threads = await self.llm.collective_rpc("rose_lower_priority", args=(nice, os.getpid()))
+        log.info("%s engine's workers at CPU priority nice %d (%d threads)", self.spec.purpose, nice, sum(threads))
+
     # ---------------------------------------------------------------- serving API
 
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:

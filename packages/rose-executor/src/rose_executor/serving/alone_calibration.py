@@ -2,16 +2,22 @@
 first ``[slo] calibration_requests`` production requests the host finishes while it lends nothing (vLLM's own
 request timings: the figures it then judges every request by, and the guard keeps).
 
-Invariants: requests are added only while the rollout side runs nothing (the guard holds every turn until the
-budgets exist: ``CoServing``); once ``budgets`` answers it never changes, and the host keeps it for every
-later lease (one calibration per host process).
+Invariants: requests are added only while the rollout side runs nothing: between leases (the calibration is
+then the serving engine's stats observer itself, detached while a lease starts) and, within a lease, while the
+guard holds every turn until the budgets exist (``CoServing``); once ``budgets`` answers it never changes, and
+the host keeps it for every later lease (one calibration per host process).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Sequence
 
 from rose_core.policy import SloBudgets
+from rose_executor import metrics
+
+log = logging.getLogger(__name__)
 
 
 class AloneCalibration:
@@ -32,8 +38,21 @@ class AloneCalibration:
         self._tpots.append(tpot_s)
         if len(self._ttfts) < self.requests:
             return None
-        self._budgets = SloBudgets(self.multiple * self.ttft_p99_s, self.multiple * self.tpot_p99_s)
-        return self._budgets
+        self._budgets = budgets = SloBudgets(self.multiple * self.ttft_p99_s, self.multiple * self.tpot_p99_s)
+        publish(budgets)
+        log.info("serving SLO measured: TTFT %.1f ms, TPOT %.1f ms = %s; the guard lends from now on",
+                 budgets.ttft_s * 1e3, budgets.tpot_s * 1e3, self.basis())
+        return budgets
+
+    def on_iteration(
+        self, ttfts: Sequence[float], tpots: Sequence[float], finished: Sequence[tuple[float, float]]
+    ) -> None:
+        """The serving engine's stats observer between leases: production served alone."""
+        for ttft, tpot in finished:
+            self.add(ttft, tpot)
+
+    def on_scheduler(self, kv_usage_ratio: float) -> None:
+        """Nothing: the calibration reads finished requests only."""
 
     def budgets(self) -> SloBudgets | None:
         return self._budgets
@@ -64,3 +83,9 @@ def p99(values: list[float]) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def publish(slo: SloBudgets) -> None:
+    """The budgets this host keeps, as metrics (0 until known)."""
+    metrics.SLO_TTFT_BUDGET.set(slo.ttft_s)
+    metrics.SLO_TPOT_BUDGET.set(slo.tpot_s)

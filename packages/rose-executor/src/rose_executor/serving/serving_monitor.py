@@ -9,16 +9,13 @@ judges nothing and reports no headroom).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 
 from rose_core.policy import SloBudgets
 from rose_executor import metrics
-from rose_executor.serving.alone_calibration import AloneCalibration
+from rose_executor.serving.alone_calibration import AloneCalibration, publish
 from rose_executor.serving.latency_window import LatencySnapshot, LatencyWindow
-
-log = logging.getLogger(__name__)
 
 
 def has_headroom(snapshot: LatencySnapshot, slo_ttft_s: float, slo_tpot_s: float, fraction: float) -> bool:
@@ -52,7 +49,7 @@ class ServingMonitor:
         self._clock = clock
         self._basis = basis
         if self.slo is not None:
-            _publish(self.slo)
+            publish(self.slo)
 
     def basis(self) -> str:
         return self.calibration.basis() if self.calibration is not None else self._basis
@@ -79,12 +76,8 @@ class ServingMonitor:
             metrics.SERVING_SLO_ATTAINMENT.set(1 - self.violations_total / self.requests_total)
 
     def _calibrate(self, ttft: float, tpot: float) -> None:
-        if self.calibration is None or (budgets := self.calibration.add(ttft, tpot)) is None:
-            return
-        self.slo = budgets
-        _publish(budgets)
-        log.info("serving SLO measured: TTFT %.1f ms, TPOT %.1f ms = %s; the guard lends from now on",
-                 budgets.ttft_s * 1e3, budgets.tpot_s * 1e3, self.calibration.basis())
+        if self.calibration is not None:
+            self.slo = self.calibration.add(ttft, tpot)
 
     def on_scheduler(self, kv_usage_ratio: float) -> None:
         self.window.set_kv_usage(self._clock(), kv_usage_ratio)
@@ -97,8 +90,3 @@ class ServingMonitor:
         if self.slo is None:
             return False
         return has_headroom(self.snapshot(), self.slo.ttft_s, self.slo.tpot_s, self.headroom_fraction)
-
-
-def _publish(slo: SloBudgets) -> None:
-    metrics.SLO_TTFT_BUDGET.set(slo.ttft_s)
-    metrics.SLO_TPOT_BUDGET.set(slo.tpot_s)

@@ -283,6 +283,9 @@ class FakeEngine:
         self.weights.forget()
         self._fetcher = None
 
+    async def lower_cpu_priority(self, nice: int) -> None:
+        self.calls.append(f"lower_cpu_priority({nice})")
+
     async def openai_app(self, served_model_name: str = "", api_key: str = "") -> Any:
         """A stand-in ASGI app: ``/health`` answers 200, everything else 404 (the twin has no OpenAI API)."""
         return health_app

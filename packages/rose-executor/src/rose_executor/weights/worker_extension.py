@@ -17,6 +17,7 @@ import msgspec
 
 from rose_core.protocol.messages import ShardView, WeightAnnounce
 from rose_core.support.errors import RoseError
+from rose_executor.host.cpu_priority import lower_engine_worker
 from rose_executor.weights.engine_weights import EngineWeights, engine_shapes
 
 
@@ -65,3 +66,7 @@ class RoseWorkerExtension:
 
     def rose_weights_digest(self) -> str:
         return self._rose_weights().digest()
+
+    def rose_lower_priority(self, nice: int, frontend_pid: int) -> int:
+        """This worker's process and its engine core's at CPU priority ``nice`` (rollout work); threads set."""
+        return lower_engine_worker(nice, frontend_pid)

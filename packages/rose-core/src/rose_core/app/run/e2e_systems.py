@@ -4,8 +4,8 @@ and what one run of each yields (pure: report and step times in, figures out).
 - ``fixed``: no borrowing (``scheduler.max_borrowed_workers = 0``): the dedicated pool alone, synchronous.
 - ``fixed-async``: the same, one step of staleness (``scheduler.staleness = 1``).
 - ``rose``: borrowing with the guard (the defaults).
-- ``colocated``: borrowing with the guard off on the serving hosts (``[slo] guard = false``): the naive
-  co-location of the paper's Table 1.
+- ``colocated``: borrowing with the guard off on the serving hosts (``[slo] guard = false``) and the rollout
+  engine at production's CPU priority (``[rollout] nice = 0``): the naive co-location of the paper's Table 1.
 
 Every system keeps the serving hosts on their own cores (``[executors] serving_cores``) and judges production
 by the one SLO measured for the invocation (``[slo] ttft_ms`` / ``tpot_ms``, ``from_alone = 0``).
@@ -53,6 +53,7 @@ def system_config(base: RunConfig, system: str, slo: HostSlo, steps: int, run_di
     if system == "colocated":
         overrides = dict(config.executors.serving_overrides)
         overrides["slo"] = {**dict(overrides.get("slo", {})), "guard": False}
+        overrides["rollout"] = {**dict(overrides.get("rollout", {})), "nice": 0}  # production's CPU priority
         config.executors.serving_overrides = overrides
     return msgspec.convert(msgspec.to_builtins(config), RunConfig)  # checked as a file would be
 
