@@ -47,6 +47,8 @@ def test_the_serving_slo_is_measured_printed_before_the_first_step_and_judged_by
     assert printed in out and out.index(printed) < out.index("step  ver")
     guard = re.findall(r"SLO guard: TTFT budget ([\d.]+) ms, TPOT budget ([\d.]+) ms", run_report["_log_files"]["executor-serving-0"])
     assert guard == [(f"{slo['ttft_ms']:.1f}", f"{slo['tpot_ms']:.1f}")]
+    # the serving host's rollout engine ran at the rollout side's CPU priority (decision 326), by default
+    assert "rollout engine's workers at CPU priority nice 19" in run_report["_log_files"]["executor-serving-0"]
     assert run_report["serving_slo_judged"] > 0
     assert sum(s["serving_slo_violations"] for s in run_report["steps"]) <= run_report["serving_slo_violations"]
 
