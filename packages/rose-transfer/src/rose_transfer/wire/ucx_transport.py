@@ -5,7 +5,13 @@ optional ``SendGate``), so ``TransferServer``, ``TransferClient`` and relays run
 A message is a fixed header (frame count and lengths, ``1 + MAX_FRAMES`` u64) and then each frame;
 frames over ``UCX_CHUNK_BYTES`` (16 MiB) travel as consecutive chunks (UCX tag messages are received into buffers
 of exactly their size; a gate admits each chunk). UCX picks the transport (RDMA, NVLink, shared
-memory, TCP) by itself; sources are ``ucx://HOST:PORT``. Needs the ``[ucx]`` extra."""
+memory, TCP) by itself; sources are ``ucx://HOST:PORT``. Needs the ``[ucx]`` extra.
+
+The rule that keeps memory safe: UCX reads and writes an operation's buffer from its own progress thread until
+the request completes, and ucxx keeps no reference to the buffer. So an operation given up before its request
+completed (a timeout, a task cancelled, a relay or publisher closing) aborts the endpoint while its frame still
+holds the buffer: ``abort`` cancels the endpoint's in-flight requests and closes it before it returns, and only
+then may the buffer (often the caller's landing region, reused at once) go. A socket given up on is closed."""
 
 from __future__ import annotations
 
@@ -41,8 +47,9 @@ class UcxFrameSocket:
         self._sending = asyncio.Lock()  # one message's pieces go out together, whoever else sends
 
     def close(self) -> None:
-        if not self._ep.closed:
-            self._ep.abort()
+        """Abort the endpoint: its in-flight requests are cancelled before this returns (idempotent; also
+        for an endpoint its peer already broke, whose requests ucxx would otherwise cancel later)."""
+        self._ep.abort()
 
     async def send(self, frames: Sequence[Any]) -> None:
         async with self._sending:
@@ -64,10 +71,14 @@ class UcxFrameSocket:
                 await self._send(piece)
 
     async def _send(self, view: memoryview) -> None:
+        array = np.frombuffer(view, dtype=np.uint8)
         try:
-            await self._ep.send(np.frombuffer(view, dtype=np.uint8))
-        except Exception as exc:  # ucxx raises its own types for a closed peer
-            raise ConnectionClosed(f"UCX send failed: {exc}") from exc
+            await self._ep.send(array)
+        except BaseException as exc:
+            self.close()  # while ``array`` is still held: see the module's rule
+            if isinstance(exc, Exception):  # ucxx raises its own types for a closed peer
+                raise ConnectionClosed(f"UCX send failed: {exc}") from exc
+            raise
         self.bytes_sent += view.nbytes
 
     async def recv(
@@ -93,12 +104,14 @@ class UcxFrameSocket:
         return frames
 
     async def _recv(self, view: memoryview, idle_timeout: float | None) -> None:
+        array = np.frombuffer(view, dtype=np.uint8)
         try:
-            await asyncio.wait_for(self._ep.recv(np.frombuffer(view, dtype=np.uint8)), idle_timeout)
-        except TimeoutError:
+            await asyncio.wait_for(self._ep.recv(array), idle_timeout)
+        except BaseException as exc:
+            self.close()  # while ``array`` is still held: a receive given up on must not land later
+            if isinstance(exc, Exception) and not isinstance(exc, TimeoutError):
+                raise ConnectionClosed(f"UCX receive failed: {exc}") from exc
             raise
-        except Exception as exc:
-            raise ConnectionClosed(f"UCX receive failed: {exc}") from exc
         self.bytes_received += view.nbytes
 
 
