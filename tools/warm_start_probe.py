@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.0, help="how often the teacher moves at random")
     parser.add_argument("--eval-maps", type=int, default=32)
     parser.add_argument("--models", type=Path, default=Path(".rose/models"))
+    parser.add_argument("--save", type=Path, help="save the trained policy (bf16, with its tokenizer) here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rng = random.Random(0)
@@ -131,6 +132,11 @@ def main() -> None:
         losses.append(loss.item())
         if not args.json and (step % 100 == 0 or step == args.steps - 1):
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.save is not None:
+        import shutil
+        shutil.copytree(paths.policy, args.save, dirs_exist_ok=True)
+        model.to(torch.bfloat16).save_pretrained(str(args.save))
+        model.to(torch.float32)
     result = {"pairs": len(pairs), "steps": args.steps, "train_s": round(time.perf_counter() - started, 1),
               "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "eval_maps": args.eval_maps,
               "success_before": before, "success_after": success(model, codec, args.eval_maps)}

@@ -90,3 +90,32 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(
 def test_missing_tokenizer_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(RoseError, match="ensure_models"):
         load_tokenizer(tmp_path)
+
+
+def test_a_second_directory_is_filled_from_the_users_one_generation(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generated once per user, copied into every models directory (each test and working directory used to
+    generate its own); a copy, not a link: damage to one directory never reaches the user's generation."""
+    from rose_core.app.rl.demo import models as module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = ensure_models(tmp_path / "a")
+    assert module.shared_models_dir().is_relative_to(tmp_path / "cache")
+
+    def no_generation(*_: object) -> None:
+        raise AssertionError("generated again")
+
+    monkeypatch.setattr(module, "_generate", no_generation)
+    second = ensure_models(tmp_path / "b")
+    weights = second.policy / "model.safetensors"
+    assert weights.read_bytes() == (first.policy / "model.safetensors").read_bytes()
+    weights.write_bytes(b"damaged")
+    assert ensure_models(tmp_path / "b") == second and weights.read_bytes() != b"damaged"  # copied again
+    assert ensure_models(module.shared_models_dir(), shared=False).policy.is_dir()  # untouched: no generation
+
+
+def test_an_unusable_user_cache_generates_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))
+    paths = ensure_models(tmp_path / "models")
+    assert (paths.policy / "model.safetensors").is_file() and (tmp_path / "models" / MARKER).is_file()

@@ -24,6 +24,7 @@ import numpy as np
 
 from rose_core.policy import LatencyModel
 from rose_core.protocol.messages import SamplingParams
+from rose_core.support.user_cache import user_cache_dir
 from rose_executor.engine.engine_protocol import Engine
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,7 @@ class ProfileSpec:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rose" / "profiles"
+    return user_cache_dir("profiles")
 
 
 def profile_key(model_dir: Path, dtype: str, device: str = "") -> str:

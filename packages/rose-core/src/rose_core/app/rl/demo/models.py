@@ -25,6 +25,7 @@ from rose_core.app.rl.demo.bpe import ascii_alphabet, byte_level, train_bpe
 from rose_core.app.rl.demo.corpus import corpus_lines
 from rose_core.app.rl.environments.frozenlake import ACTION_WORDS
 from rose_core.support.errors import RoseError, require_extra
+from rose_core.support.user_cache import user_cache_dir
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -142,12 +143,14 @@ def _token_name(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def ensure_models(cache_dir: Path) -> ModelPaths:
+def ensure_models(cache_dir: Path, *, shared: bool = True) -> ModelPaths:
     """Generate the tokenizer and both models under ``cache_dir`` once; later calls reuse them.
 
     A marker written last records what was generated and the size and SHA-256 of every file, so an
     interrupted or outdated generation, or a damaged cache (a truncated or edited file, one missing), is
-    rebuilt, with a warning naming the file. Concurrent callers serialize on a lock file.
+    rebuilt, with a warning naming the file. Concurrent callers serialize on a lock file. With ``shared`` (the
+    default) they are generated once per user (``shared_models_dir()``) and copied from there: every working
+    directory and test of one user reuses one generation.
     """
     paths = ModelPaths(policy=cache_dir / "policy", serving=cache_dir / "serving")
     if _is_complete(cache_dir):
@@ -155,9 +158,36 @@ def ensure_models(cache_dir: Path) -> ModelPaths:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with (cache_dir / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _is_complete(cache_dir):
+        if not _is_complete(cache_dir) and not (shared and _copied_from_shared(cache_dir)):
             _generate(cache_dir, paths)
     return paths
+
+
+def shared_models_dir() -> Path:
+    """The user's one generation of this version of the models (``~/.cache/rose/demo-models/<fingerprint>``)."""
+    key = hashlib.sha256(json.dumps(_fingerprint(), sort_keys=True).encode()).hexdigest()[:16]
+    return user_cache_dir("demo-models", key)
+
+
+def _copied_from_shared(cache_dir: Path) -> bool:
+    """Fill ``cache_dir`` from the user's shared generation (made first if missing); False (and generate in
+    place) when the user's cache cannot be written or read."""
+    source = shared_models_dir()
+    if source.resolve() == cache_dir.resolve():
+        return False
+    try:
+        ensure_models(source, shared=False)
+        (cache_dir / MARKER).unlink(missing_ok=True)
+        for name in ("policy", "serving"):
+            shutil.rmtree(cache_dir / name, ignore_errors=True)
+            shutil.copytree(source / name, cache_dir / name)
+        temporary = cache_dir / f"{MARKER}.tmp"
+        shutil.copyfile(source / MARKER, temporary)
+        temporary.replace(cache_dir / MARKER)
+    except OSError as exc:
+        log.info("the user's model cache at %s is not usable (%s): generating in %s", source, exc, cache_dir)
+        return False
+    return _is_complete(cache_dir)
 
 
 def _fingerprint() -> dict[str, Any]:
