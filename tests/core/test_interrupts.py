@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during a run are recognised however they surface."""
+"""Ctrl-C and SIGTERM during a run are recognised however they surface; SIGUSR1 asks for a clean stop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 import os
 import signal
 
-from rose_core.app.run.interrupts import Interrupted, caused_by_interrupt, signals_as_interrupt
+from rose_core.app.run.interrupts import Interrupted, StopRequest, caused_by_interrupt, signals_as_interrupt
 
 
 class Cut:
@@ -39,3 +39,14 @@ def test_other_errors_are_not_interrupts() -> None:
     except RuntimeError as exc:
         assert not caused_by_interrupt(exc)
     assert caused_by_interrupt(Interrupted("signal SIGTERM"))
+
+
+def test_sigusr1_asks_for_a_stop_after_the_step_and_raises_nothing() -> None:
+    """A clean stop is a flag the step loop reads between steps, never an exception in the middle of one; the
+    handler before it comes back afterwards."""
+    before = signal.getsignal(signal.SIGUSR1)
+    with StopRequest().on_signal() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGUSR1)  # to this process: its handler runs before the next line
+        assert stop.requested
+    assert signal.getsignal(signal.SIGUSR1) == before

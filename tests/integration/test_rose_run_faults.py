@@ -28,7 +28,7 @@ from .rose_run_support import LiveRun, metric
 STEPS = 14
 """Room for the bursts (they repeat until one crosses the watermark with turns to abort, over a step or more:
 steps are short, and a cut that found nothing to abort freezes the budget until the next step) and a later
-step for the freeze."""
+step for the freeze; the run is stopped (SIGUSR1, a clean stop) one step after the freeze."""
 ABORTED = re.compile(r"aborting [1-9]\d* rollout turns")
 ROLLOUT_TURN_BYTES = 300 * 512  # a turn's KV reservation at ~300 tokens (prompt + max_tokens), policy 512 B/token
 CONFIG = """
@@ -153,11 +153,16 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         run.until("a turn running on dedicated-0",
                   lambda: metric(dedicated, "rose_executor_rollout_tokens_admitted") > 0, every_s=0.005)
         freeze("dedicated-0", 3.5)  # the stall timeout is 2 s
+        run.wait_for_row(run.rows_so_far() + 1)  # the freeze's step ends: its cancellations reached dedicated-0
+        run.proc.send_signal(signal.SIGUSR1)  # nothing left to induce: stop cleanly after the step in flight
         return run.finish()
 
 
 def test_the_run_finishes_ok_with_nothing_lost(run_report: dict) -> None:
     assert run_report["ok"], f"{run_report['error']}\n{run_report['_stderr'][-3000:]}\n{run_report['_logs']}"
+    stopped = run_report["stopped_after_step"]  # SIGUSR1 once the faults were done: a clean stop, not an interrupt
+    assert 0 < stopped < STEPS and len(run_report["steps"]) == stopped and run_report["_rc"] == 0, stopped
+    assert f"stopping after step {stopped} of {STEPS}, as asked (SIGUSR1)" in run_report["_stdout"]
     assert run_report["lost_trajectories"] == 0 and run_report["version_mismatches"] == 0
     assert run_report["serving_failed_requests"] == 0
     assert run_report["turns_overdue"] == 0, [s["turns_overdue"] for s in run_report["steps"]]  # no turn lost in flight

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 PROGRAM = "rose"
 INTERRUPTED_EXIT = 130
-"""`rose run` / `rose controller` stopped by Ctrl-C or SIGTERM (the report is still written, with error "interrupted")."""
+"""`rose run` / `rose controller` stopped by Ctrl-C or SIGTERM (the report is still written, with error "interrupted").
+SIGUSR1 instead stops them cleanly after the step in flight (a checkpoint then if checkpointing is on): exit 0
+when the steps run are ok, ``stopped_after_step`` in the report."""
 
 
 @click.group(cls=RoseGroup, program=PROGRAM)
@@ -81,7 +83,9 @@ class JobOptions:
               help="Use this shared secret (the one a `rose-transfer relay` elsewhere was given) instead of a new "
                    "one in run_dir.")
 def run(secret_file: str | None, **options: Any) -> None:
-    """Run the embedded job: controller, executors, production traffic and RL steps, on this machine."""
+    """Run the embedded job: controller, executors, production traffic and RL steps, on this machine.
+
+    Ctrl-C or SIGTERM stops it now (exit 130); SIGUSR1 stops it cleanly after the step in flight."""
     _run_job(JobOptions(**options), spawn=True, secret_file=secret_file)
 
 
@@ -90,7 +94,9 @@ def run(secret_file: str | None, **options: Any) -> None:
 @click.option("--secret-file", type=click.Path(dir_okay=False), help="Shared secret (else $ROSE_SECRET_FILE).")
 def controller(secret_file: str | None, **options: Any) -> None:
     """Run the controller and trainer for executors started on their own hosts (a real fleet), or placed as
-    actors of a Ray cluster (`--ray`)."""
+    actors of a Ray cluster (`--ray`).
+
+    Ctrl-C or SIGTERM stops it now (exit 130); SIGUSR1 stops it cleanly after the step in flight."""
     _run_job(JobOptions(**options), spawn=False, secret_file=secret_file)
 
 

@@ -194,7 +194,7 @@ class RLJob:
         report.sync_breakdown = self.controller.last_sync
         report.link_bytes = {name: relay.upstream_bytes - self._link_before.get(name, 0)
                              for name, relay in self.relays.items()}
-        report.checkpoint = self._checkpoint(step, report)
+        report.checkpoint = self.checkpoint(step, report)
         self._finish_status(rollout, report)
         return report
 
@@ -239,9 +239,11 @@ class RLJob:
                             "checkpoints and publishes its weights itself")
         return self.trainer
 
-    def _checkpoint(self, step: int, report: StepReport) -> str:
+    def checkpoint(self, step: int, report: StepReport, *, last: bool = False) -> str:
+        """Checkpoint after ``step`` when ``rl.checkpoint.every`` asks for it, or when it is the run's last (``last``:
+        a run stopped early); the checkpoint's path, or ``""``."""
         every = self.config.rl.checkpoint.every
-        if every <= 0 or (step % every and step != self.config.rl.steps):
+        if every <= 0 or (step % every and step != self.config.rl.steps and not last):
             return ""
         rl = self.config.rl
         root = Path(rl.checkpoint.dir or Path(self.config.run_dir) / "checkpoints")

@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM during a run, as one exception the run's ``finally`` handles (every child stopped, the
-report written, exit 130)."""
+report written, exit 130); SIGUSR1 as a request to stop cleanly after the step in flight (``StopRequest``)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,24 @@ def signals_as_interrupt() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class StopRequest:
+    """SIGUSR1 during a run: finish the step in flight (its training, its weights shipped, a checkpoint when
+    ``rl.checkpoint.every`` is on), then end as a completed run short of ``rl.steps``. What a scheduler sends
+    before preempting a job (Slurm's ``--signal=USR1@120``), or an operator who wants the job's hosts back
+    without losing the step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextmanager
+    def on_signal(self, sig: signal.Signals = signal.SIGUSR1) -> Iterator[StopRequest]:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.requested = True
+
+        previous = signal.signal(sig, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(sig, previous)

@@ -23,7 +23,7 @@ from rose_core.app.jobs.external_trainer import ExternalTrainer
 from rose_core.app.jobs.host_slo import HostSlo, host_slos, judged, judged_since
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_report import StepReport
-from rose_core.app.run.interrupts import caused_by_interrupt, signals_as_interrupt
+from rose_core.app.run.interrupts import StopRequest, caused_by_interrupt, signals_as_interrupt
 from rose_core.app.run.launch import Launch, Say
 from rose_core.app.run.load_generator import LoadGenerator
 from rose_core.app.run.run_report import RunReport
@@ -74,7 +74,7 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
     report = RunReport(slo_ttft_ms=config.slo.ttft_ms, slo_tpot_ms=config.slo.tpot_ms)  # the hosts' once known
     launch = Launch(config, say, secret_file, spawn)
     job: RLJob | None = None
-    with signals_as_interrupt():
+    with signals_as_interrupt(), StopRequest().on_signal() as stop:
         try:
             controller, publisher = launch.start()
             load = launch.start_load()
@@ -90,9 +90,15 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
             since = time.monotonic()
             for step in range(first, config.rl.steps + 1):
                 step_report = job.run_step(step)
+                if stop.requested and step < config.rl.steps:
+                    step_report.checkpoint = step_report.checkpoint or job.checkpoint(step, step_report, last=True)
                 report.add(step_report)
                 if on_step is not None:
                     on_step(step_report)
+                if stop.requested and step < config.rl.steps:
+                    report.stopped_after_step = step
+                    say(f"stopping after step {step} of {config.rl.steps}, as asked (SIGUSR1)")
+                    break
             _finish(report, controller, load, config, since)
         except BaseException as exc:
             if not (isinstance(exc, KeyboardInterrupt) or caused_by_interrupt(exc)):

@@ -48,6 +48,9 @@ class RunReport:
     borrowing: list[dict[str, Any]] = field(default_factory=list)
     """Serving executors borrowed (with every candidate's KV use) and revoked, in order (``Controller.borrowing``)."""
     error: str = ""
+    stopped_after_step: int = 0
+    """The step after which SIGUSR1 stopped the run, short of ``rl.steps`` (``interrupts.StopRequest``); 0: not stopped.
+    A stopped run is a completed one: ``ok`` judges the steps it ran."""
     retired_executors: dict[str, str] = field(default_factory=dict)
     """Executors taken out of the job while it went on (a failed weight apply, an exited process), and why."""
     left_executors: dict[str, str] = field(default_factory=dict)
