@@ -95,11 +95,13 @@ def test_without_dynamic_sampling_every_group_is_trained(make_job: Any) -> None:
 
 
 def test_evaluation_plays_held_out_maps_greedily_and_never_trains_on_them(make_job: Any) -> None:
-    job, executor, trainer = make_job(always("up"), eval={"every": 2, "maps": 3}, steps=2)
-    first, second = job.run_step(1), job.run_step(2)
-    assert first.eval_success is None and second.eval_success is not None
+    """On the first step (the weights before any update: where the run starts from), every ``every``-th step, and
+    the last step."""
+    job, executor, trainer = make_job(always("up"), eval={"every": 3, "maps": 3}, steps=5)
+    reports = [job.run_step(step) for step in range(1, 6)]
+    assert [r.step for r in reports if r.eval_success is not None] == [1, 3, 5]
     evals = [r for r in executor.requests if "-eval" in r.trajectory_id]
-    assert {r.trajectory_id.split("/")[0] for r in evals} == {"s2-eval0", "s2-eval1", "s2-eval2"}
+    assert {r.trajectory_id.split("/")[0] for r in evals} == {f"s{s}-eval{i}" for s in (1, 3, 5) for i in range(3)}
     assert all(r.sampling.temperature == 0.0 for r in evals)
     assert all("-eval" not in s.trajectory_id for call in trainer.calls for s in call["samples"])
     assert EVAL_SEED_BASE > 2 * 1_000_003 + 2 * 1000  # held-out seeds never meet training ones

@@ -101,7 +101,8 @@ class EvalConfig(ConfigSection):
     """`[rl.eval]`: held-out maps played greedily (temperature 0) beside a step's rollout, never trained on."""
 
     every: int = 6
-    """Every this many steps (``eval_success`` in the report); 0: never."""
+    """Every this many steps, and on the first step (the weights before any update) and the last (``eval_success``
+    in the report); 0: never."""
     maps: int = 8
     """Held-out maps per evaluation (their seeds never occur in training)."""
 

@@ -17,7 +17,8 @@ correctly. One step ahead at most.
 
 Dynamic sampling (``rl.sampling.dynamic_sampling``): groups whose rewards are all equal are dropped and new groups
 rolled out in their place, at most ``rl.sampling.max_refill_rounds`` times a step. Evaluation (``rl.eval.every``):
-held-out maps played greedily beside the step's rollout, never trained on. Checkpoints
+held-out maps played greedily beside the step's rollout, never trained on: on the first step (the weights before
+any update, the run's starting point), every ``every``-th step and the last one. Checkpoints
 (``rl.checkpoint.every``) after the step's weights shipped; ``resume`` continues from one.
 """
 
@@ -263,7 +264,7 @@ class RLJob:
         self._rollout = rollout
         self.controller.broadcast(StepStarted(step=step, weight_version=self.version))
         self._add_groups(rollout, rl.prompts_per_step)
-        if rl.eval.every and step % rl.eval.every == 0:
+        if self._evaluates(step):
             self._add_evals(rollout)
         self._set_phase(rollout, "rollout")
         return rollout
@@ -276,6 +277,12 @@ class RLJob:
             for g in range(rl.group_size):
                 self._add_episode(rollout, f"s{rollout.step}-p{p}-g{g}", f"s{rollout.step}-p{p}", seed)
         rollout.groups += count
+
+    def _evaluates(self, step: int) -> bool:
+        """Whether step ``step`` plays the held-out maps: the first (on the weights before any update: where the run
+        starts from), every ``rl.eval.every``-th, and the last."""
+        every = self.config.rl.eval.every
+        return every > 0 and (step == 1 or step % every == 0 or step == self.config.rl.steps)
 
     def _add_evals(self, rollout: StepRollout) -> None:
         for i in range(self.config.rl.eval.maps):
