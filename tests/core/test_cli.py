@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,18 @@ def test_resume_from_a_directory_without_checkpoints_names_the_fix(tmp_path: Pat
     result = CliRunner().invoke(main, ["run", "--steps", "2", "--resume", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert str(tmp_path) in result.output and "Traceback" not in result.output
+
+
+def test_a_stop_request_outside_the_steps_never_kills_the_command(tmp_path: Path) -> None:
+    """SIGUSR1 asks `rose run` to stop after the step in flight; outside the steps (start-up, the report being
+    written) it is ignored, not left at its default, which terminates the process with no report."""
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        result = CliRunner().invoke(main, ["run", "--steps", "2", "--resume", str(tmp_path)])  # ends before a step
+        assert result.exit_code == 2, result.output
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 def test_resume_from_a_checkpoint_past_the_last_step_asks_for_more_steps(tmp_path: Path) -> None:

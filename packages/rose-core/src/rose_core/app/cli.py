@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,6 +145,9 @@ def _job_config(opts: JobOptions) -> RunConfig:
 
 
 def _run_job(opts: JobOptions, *, spawn: bool, secret_file: str | None) -> None:
+    # SIGUSR1 asks the run to stop after the step in flight (the run's own handler, decision 327); before the steps
+    # (imports, start-up) and after them (the report being written) it is ignored, never its default (terminate)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     from rose_core.app.run.learning_curve import learning_curve
     from rose_core.app.run.rose_run import run as run_job
     from rose_core.app.run.run_plot import plot_run, pyplot
