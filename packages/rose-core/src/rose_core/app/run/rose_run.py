@@ -90,12 +90,13 @@ def run(config: RunConfig, say: Say, progress: Callable[[StepStatus], None] | No
             since = time.monotonic()
             for step in range(first, config.rl.steps + 1):
                 step_report = job.run_step(step)
-                if stop.requested and step < config.rl.steps:
+                stopping = stop.requested and step < config.rl.steps  # read once: checkpoint and stop agree
+                if stopping:
                     step_report.checkpoint = step_report.checkpoint or job.checkpoint(step, step_report, last=True)
                 report.add(step_report)
                 if on_step is not None:
                     on_step(step_report)
-                if stop.requested and step < config.rl.steps:
+                if stopping:
                     report.stopped_after_step = step
                     say(f"stopping after step {step} of {config.rl.steps}, as asked (SIGUSR1)")
                     break
