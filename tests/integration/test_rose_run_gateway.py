@@ -1,4 +1,9 @@
-"""`rose run --env gateway`: a multi-turn agent written only against the official `openai` client plays
+"""`rose run --env gateway`: first an OpenAI Agents SDK agent (`openai-agents`, from the package index) with a
+`function_tool` `add(a, b)` answers a sum through the rollout gateway, the policy a Qwen-templated tiny model
+warm-started to call the tool (`tests/tool_policy.py`), its replies parsed by vLLM's `hermes` parser (the tool
+call in `tool_calls`, streamed as deltas to half the agents, the tool's result sent back as a `tool` message
+and held as prompt in the session's one sequence), and a GRPO step trains on those sessions. Then a
+multi-turn agent written only against the official `openai` client plays
 FrozenLake through the rollout gateway (one session per episode, the environment's observations as user
 messages, its return as the session's reward). Its turns are routed by the elastic scheduler onto both pools,
 come back with `token_ids` and logprobs, a GRPO step trains on the sessions, and the next sessions run on the
@@ -21,7 +26,9 @@ import openai
 import pytest
 
 from rose_core.app.config import RLConfig
+from rose_core.app.rl.demo.models import load_tokenizer
 from rose_core.app.rl.environments.registry import load_environment
+from tool_policy import ARGUMENTS, QUESTION, answer_text, build_tool_policy, sampled_runs
 
 from .rose_run_support import LiveRun
 
@@ -31,11 +38,18 @@ CONFIG = """
 models_dir = "{work}/models"
 run_dir = "{work}/run"
 
+[model]
+policy = "{policy}"
+
+[gateway]
+tool_parser = "hermes"
+
 [rl]
 env = "gateway"
 group_size = {group_size}
 prompts_per_step = {groups}
-max_tokens_per_turn = 24
+max_tokens_per_turn = 32
+max_context_tokens = 1024
 algorithm = "grpo"
 eval.every = 0
 
@@ -105,6 +119,38 @@ def play_with_agents_sdk(base_url: str, key: str, seed: int, calls: list[dict[st
     return asyncio.run(episode())
 
 
+def call_add_with_agents_sdk(base_url: str, key: str, seed: int, calls: list[dict[str, Any]]) -> float:
+    """An Agents SDK agent with the tool ``add`` asked ``QUESTION`` (streamed for odd seeds): reward 1 when the
+    tool ran once with the question's numbers and the agent's answer is its result in words."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    ran: list[tuple[int, int]] = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        ran.append((a, b))
+        return a + b
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
+    agent = Agent(name="adder", instructions="You add numbers.", tools=[add],
+                  model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+                  model_settings=ModelSettings(temperature=0.0))
+
+    async def run() -> str:
+        if seed % 2 == 0:
+            return str((await Runner.run(agent, QUESTION, max_turns=3)).final_output)
+        streamed = Runner.run_streamed(agent, QUESTION, max_turns=3)
+        async for _ in streamed.stream_events():
+            pass
+        return str(streamed.final_output)
+
+    answer = asyncio.run(run())
+    calls.append({"ran": list(ran), "answer": answer, "streamed": seed % 2 == 1})
+    return 1.0 if ran == [tuple(ARGUMENTS.values())] and answer == answer_text() else 0.0
+
+
 def open_session(gateway: str, key: str, group: str) -> dict[str, Any]:
     resp = httpx.post(f"{gateway}/sessions", json={"group": group}, headers={"Authorization": f"Bearer {key}"})
     resp.raise_for_status()
@@ -123,12 +169,14 @@ def play_round(gateway: str, key: str, tag: str, agent: Agent = play) -> list[di
         group = index // GROUP_SIZE
         opened = open_session(gateway, key, f"{tag}-g{group}")
         mine: list[dict[str, Any]] = []
-        reward = agent(opened["base_url"], key, 1000 * group + 7, mine)
-        resp = httpx.post(f"{gateway}/sessions/{opened['session_id']}/reward", json={"reward": reward},
-                          headers={"Authorization": f"Bearer {key}"})
+        reward = agent(opened["base_url"], key, 1000 * group + 7 + index, mine)
+        headers = {"Authorization": f"Bearer {key}"}
+        # the history before the reward: a complete group leaves the table when the step takes it
+        history = httpx.get(f"{gateway}/sessions/{opened['session_id']}", headers=headers).json()
+        resp = httpx.post(f"{gateway}/sessions/{opened['session_id']}/reward", json={"reward": reward}, headers=headers)
         resp.raise_for_status()
         with lock:
-            calls.extend(mine)
+            calls.extend({**call, "session": history} for call in mine)
 
     with ThreadPoolExecutor(GROUP_SIZE * GROUPS_PER_STEP) as pool:
         list(pool.map(session, range(GROUP_SIZE * GROUPS_PER_STEP)))
@@ -138,23 +186,45 @@ def play_round(gateway: str, key: str, tag: str, agent: Agent = play) -> list[di
 @pytest.fixture(scope="module")
 def gateway_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work: Path = tmp_path_factory.mktemp("rose-run-gateway")
-    config = CONFIG.format(work=work, group_size=GROUP_SIZE, groups=GROUPS_PER_STEP)
-    with LiveRun(work, config, 4) as run:
+    policy = build_tool_policy(work / "tool-policy")
+    config = CONFIG.format(work=work, policy=policy, group_size=GROUP_SIZE, groups=GROUPS_PER_STEP)
+    with LiveRun(work, config, 5) as run:
         found = run.wait_for_line(r"gateway (http://\S+) key-file (\S+)")
         gateway, key = found.group(1), Path(found.group(2)).read_text().strip()
+        tools = play_round(gateway, key, "t", call_add_with_agents_sdk)
         rounds = [play_round(gateway, key, "a"), play_round(gateway, key, "b")]
         rounds += [play_round(gateway, key, tag, play_with_agents_sdk) for tag in ("c", "d")]
         report = run.finish()
-    return {"report": report, "first": rounds[0], "second": rounds[1], "sdk": rounds[2:]}
+    return {"report": report, "tools": tools, "policy": policy, "first": rounds[0], "second": rounds[1],
+            "sdk": rounds[2:]}
+
+
+def test_an_agents_sdk_agent_calls_its_tool_and_the_step_trains_on_it(gateway_run: dict[str, Any]) -> None:
+    """Every agent's tool ran once with (2, 3) and its answer is the tool's result: the call came back in
+    ``tool_calls`` (to the streamed agents as deltas, which the SDK put back together), the result went back as
+    a ``tool`` message. Each session is one sequence: the call and the answer sampled (mask 1), the tool's result
+    between them prompt (mask 0). The first step trained on the two calls of each."""
+    tools = gateway_run["tools"]
+    assert len(tools) == GROUP_SIZE * GROUPS_PER_STEP and {t["streamed"] for t in tools} == {False, True}
+    assert all(t["ran"] == [(2, 3)] and t["answer"] == answer_text() for t in tools), tools
+    codec = load_tokenizer(gateway_run["policy"])
+    for tool in tools:
+        (segment,) = tool["session"]["segments"]
+        (_, call_end), (answer_start, _) = sampled_runs(segment["mask"])
+        assert "<tool_response>\n5\n</tool_response>" in codec.decode(segment["tokens"][call_end:answer_start])
+        assert tool["session"]["weight_versions"] == [0, 0]
+    first = gateway_run["report"]["steps"][0]
+    assert first["trajectories"] == GROUP_SIZE * GROUPS_PER_STEP and first["train"]["samples"] == 2 * len(tools)
+    assert first["published_version"] == 1
 
 
 def test_the_run_trains_on_the_sessions(gateway_run: dict[str, Any]) -> None:
     report = gateway_run["report"]
     assert report["ok"], f"{report['error']}\n{report['_stderr'][-3000:]}\n{report['_logs']}"
-    first = report["steps"][0]
+    first = report["steps"][1]
     assert first["trajectories"] == GROUP_SIZE * GROUPS_PER_STEP and first["lost_trajectories"] == 0
     assert first["train"]["samples"] == len(gateway_run["first"])  # one sample per call
-    assert first["published_version"] == 1 and report["version_mismatches"] == 0
+    assert first["published_version"] == 2 and report["version_mismatches"] == 0
 
 
 def test_calls_return_token_ids_and_logprobs(gateway_run: dict[str, Any]) -> None:
@@ -176,15 +246,15 @@ def test_turns_land_on_both_pools(gateway_run: dict[str, Any]) -> None:
 
 
 def test_the_next_sessions_run_on_the_next_version(gateway_run: dict[str, Any]) -> None:
-    assert {c["version"] for c in gateway_run["first"]} == {0}
-    assert {c["version"] for c in gateway_run["second"]} == {1}
+    assert {c["version"] for c in gateway_run["first"]} == {1}
+    assert {c["version"] for c in gateway_run["second"]} == {2}
 
 
 def test_an_agents_sdk_agent_does_the_same(gateway_run: dict[str, Any]) -> None:
     third, fourth = gateway_run["sdk"]
     steps = gateway_run["report"]["steps"]
-    assert [s["trajectories"] for s in steps[2:]] == [GROUP_SIZE * GROUPS_PER_STEP] * 2
-    assert [s["train"]["samples"] for s in steps[2:]] == [len(third), len(fourth)]
-    assert {c["version"] for c in third} == {2} and {c["version"] for c in fourth} == {3}
+    assert [s["trajectories"] for s in steps[3:]] == [GROUP_SIZE * GROUPS_PER_STEP] * 2
+    assert [s["train"]["samples"] for s in steps[3:]] == [len(third), len(fourth)]
+    assert {c["version"] for c in third} == {3} and {c["version"] for c in fourth} == {4}
     assert all(c["token_ids"] for c in third + fourth)
     assert {c["pool"] for c in third + fourth} <= {"dedicated", "serving"}  # both, over the run: the test above

@@ -129,6 +129,13 @@ class GatewayConfig(ConfigSection):
     """A call whose turn has not finished by then gets a 504 (its prompt tokens are taken back)."""
     step_timeout_s: float = 0.0
     """A step that has not collected ``rl.prompts_per_step`` complete groups by then fails the run; 0: wait."""
+    tool_parser: str = ""
+    """vLLM's tool-call parser for the policy's replies, by the name ``vllm serve --tool-call-parser`` takes
+    (``hermes`` for Qwen2.5-style ``<tool_call>`` tags, ``llama3_json``, ``mistral``...): replies then carry
+    ``tool_calls`` and ``finish_reason = "tool_calls"``; empty: replies are text. Needs vLLM on the gateway's host."""
+    reasoning_parser: str = ""
+    """vLLM's reasoning parser (``vllm serve --reasoning-parser``: ``deepseek_r1``, ``qwen3``...): replies then
+    carry ``reasoning`` apart from ``content``; empty: none."""
 
     def __post_init__(self) -> None:
         require_port(port=self.port)

@@ -11,7 +11,7 @@ Rules:
   ROSE's sources import nothing from vLLM that is not listed.
 
 This module imports no vLLM: it is a declaration (the importers are ``vllm_engine``, ``vllm_args``,
-``vllm_stats``, ``vllm_plugin``; ``weights/worker_extension`` and ``weights/engine_weights`` run inside vLLM's
+``vllm_stats``, ``vllm_plugin``, and in rose-core the gateway's ``reply_parser``; ``weights/worker_extension`` and ``weights/engine_weights`` run inside vLLM's
 workers and touch its objects by attribute only).
 """
 
@@ -43,6 +43,7 @@ class Touch:
 _ENGINE = "engine/vllm_engine.py"
 _LLM = "vllm.v1.engine.async_llm:AsyncLLM"
 _APP = "engine/vllm_engine.py (openai_app)"
+_PARSER = "rose_core/app/gateway/reply_parser.py"
 
 SURFACE: tuple[Touch, ...] = (
     # the engine: AsyncLLM, what it is given, what it answers
@@ -125,4 +126,21 @@ SURFACE: tuple[Touch, ...] = (
           used_in="weights/engine_weights.py (PATCHABLE, by class name)"),
     Touch("vllm.model_executor.layers.quantization.base_config:QuantizeMethodBase.process_weights_after_loading",
           "call", ("layer",), "weights/engine_weights.py"),
+    # the rollout gateway's reply parsers (rose-core, in the controller: decision 328)
+    Touch("vllm.parser.parser_manager:ParserManager.get_parser", "call",
+          ("tool_parser_name", "reasoning_parser_name", "enable_auto_tools", "tokenizer"), _PARSER),
+    Touch("vllm.parser.abstract_parser:Parser", "call", ("tokenizer", "tools"), _PARSER),
+    Touch("vllm.parser.abstract_parser:Parser.parse", "call",
+          ("model_output", "request", "enable_auto_tools", "model_output_token_ids"), _PARSER),
+    Touch("vllm.parser.abstract_parser:Parser.parse_delta", "call",
+          ("delta_text", "delta_token_ids", "request", "prompt_token_ids", "finished"), _PARSER),
+    Touch("vllm.parser.abstract_parser:Parser", "fields", ("reasoning_parser_cls",), _PARSER),
+    Touch("vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest", "fields",
+          ("messages", "tools", "tool_choice", "parallel_tool_calls", "model"), _PARSER),
+    Touch("vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.model_validate", "call", ("obj",),
+          _PARSER),
+    Touch("vllm.entrypoints.generate.base.protocol:FunctionCall", "fields", ("id", "name", "arguments"), _PARSER),
+    Touch("vllm.entrypoints.generate.base.protocol:DeltaMessage", "fields",
+          ("content", "reasoning", "tool_calls"), _PARSER),
+    Touch("vllm.renderers.chat_utils:make_tool_call_id", "call", (), _PARSER),
 )

@@ -13,25 +13,26 @@ from rose_core.support.errors import ConfigError, RoseError
 
 class ChatTemplate:
     """``render(messages)``: the prompt text of a chat call (generation prompt added); ``eos_text``: the text
-    of the policy's end-of-sequence token, which a template writes after an assistant message."""
+    of the policy's end-of-sequence token, which a template writes after an assistant message; ``tokenizer``:
+    the policy's Hugging Face tokenizer (what vLLM's reply parsers read)."""
 
     def __init__(self, policy_dir: Path) -> None:
         import transformers
 
         try:
-            self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(policy_dir))
+            self.tokenizer: Any = transformers.AutoTokenizer.from_pretrained(str(policy_dir))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load the tokenizer of {policy_dir} for the gateway ({exc}): "
                               "save it with tokenizer.save_pretrained(DIR)") from exc
-        if not getattr(self._tokenizer, "chat_template", None):
+        if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(f"the policy at {policy_dir} has no chat template: the gateway's chat API needs one "
                               "(set tokenizer.chat_template and save it again), or use /v1/completions")
-        self.eos_text: str = str(self._tokenizer.eos_token or "")
+        self.eos_text: str = str(self.tokenizer.eos_token or "")
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The rendered prompt; a ``RoseError`` naming the problem when the template rejects the messages."""
         try:
-            text = self._tokenizer.apply_chat_template(
+            text = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=True,
             )

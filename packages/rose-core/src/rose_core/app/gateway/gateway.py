@@ -13,8 +13,10 @@ import itertools
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from rose_core.app.gateway.chat_template import ChatTemplate
 from rose_core.app.gateway.openai_api import (
@@ -29,6 +31,7 @@ from rose_core.app.gateway.openai_api import (
     check_sampling,
     decode,
 )
+from rose_core.app.gateway.reply_parser import ParsedReply, ReplyParser
 from rose_core.app.gateway.session_history import SessionHistory
 from rose_core.app.gateway.session_table import SessionTable
 from rose_core.app.gateway.turn_bridge import BridgeClosed, GatewayTurn, TurnBridge, TurnFailed, TurnOutcome
@@ -63,12 +66,18 @@ class Reply:
     started: float
     """``perf_counter`` when the call arrived; ``turn_s``: from its hand-off to the controller to its result."""
     turn_s: float
+    prompt: list[int] = field(default_factory=list)
+    parsed: ParsedReply | None = None
+    """The reply as vLLM's parsers read it (``[gateway] tool_parser`` / ``reasoning_parser``); None: text."""
+    deltas: list[dict[str, Any]] = field(default_factory=list)
+    """A parsed reply streamed: the deltas ``vllm serve`` would send for its tokens."""
 
 
 class Gateway:
     def __init__(self, table: SessionTable, bridge: TurnBridge, codec: TextCodec, template: ChatTemplate | None,
-                 limits: GatewayLimits, base_url: str = "") -> None:
+                 limits: GatewayLimits, base_url: str = "", parser: ReplyParser | None = None) -> None:
         self.table = table
+        self.parser = parser
         self.bridge = bridge
         self.codec = codec
         self.template = template
@@ -116,15 +125,25 @@ class Gateway:
                                     "tokenizer a chat_template")
         template = self.template
         rendered = template.render(req.messages, req.tools)
+        parser = self.parser if self.parser is not None and self.parser.applies(req.tools, req.tool_choice) else None
+        parse_request = None if parser is None else parser.request(msgspec.structs.asdict(req))
 
         def build(history: SessionHistory) -> list[int]:
             return history.prompt_for_text(rendered, self.codec.encode)
 
         def key(ids: list[int], text: str) -> str | None:
             ended = bool(ids) and ids[-1] == self.codec.eos_id
-            return rendered + text + (template.eos_text if ended else "")
+            said = text if parser is None else parser.text(ids[:-1] if ended else ids)
+            return rendered + said + (template.eos_text if ended else "")
 
-        return req, self._call(session_id, build, key, max_tokens, req, started)
+        reply = self._call(session_id, build, key, max_tokens, req, started)
+        if parser is not None:
+            said = reply.token_ids[:-1] if reply.token_ids[-1:] == [self.codec.eos_id] else reply.token_ids
+            reply.parsed = parser.parse(parse_request, said)
+            reply.deltas = list(parser.deltas(parse_request, reply.prompt, said)) if req.stream else []
+            if reply.parsed.tool_calls:
+                reply.finish_reason = "tool_calls"
+        return req, reply
 
     def completion(self, session_id: str, body: bytes) -> tuple[CompletionRequest, Reply]:
         started = time.perf_counter()
@@ -164,7 +183,7 @@ class Gateway:
         turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version)
         self.table.finish_call(session_id, turn, key(ids, text))
         finish = "length" if result.finish_reason == "length" else "stop"
-        return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s)
+        return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s, list(prompt))
 
     def _check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) > self.limits.max_prompt_tokens:
@@ -191,7 +210,7 @@ class Gateway:
     # ---------------------------------------------------------------- responses
 
     def chat_response(self, req: ChatRequest, reply: Reply) -> dict[str, Any]:
-        choice = {"index": 0, "message": {"role": "assistant", "content": reply.text},
+        choice = {"index": 0, "message": _message(reply),
                   "finish_reason": reply.finish_reason, "token_ids": reply.token_ids,
                   "logprobs": self._chat_logprobs(reply) if req.logprobs else None}
         return self._envelope("chat.completion", reply, [choice])
@@ -202,10 +221,15 @@ class Gateway:
         return self._envelope("text_completion", reply, [choice])
 
     def chat_chunks(self, req: ChatRequest, reply: Reply) -> Iterator[dict[str, Any]]:
-        """The streamed form: the whole reply in one delta (executors return whole turns), then the finish."""
-        first = {"index": 0, "delta": {"role": "assistant", "content": reply.text}, "finish_reason": None,
-                 "token_ids": reply.token_ids, "logprobs": self._chat_logprobs(reply) if req.logprobs else None}
+        """The streamed form: the whole reply in one delta (executors return whole turns), or, parsed, a first
+        delta with the reply's tokens and then the parser's deltas; then the finish."""
+        first = {"index": 0, "delta": {"role": "assistant", "content": reply.text if reply.parsed is None else ""},
+                 "finish_reason": None, "token_ids": reply.token_ids,
+                 "logprobs": self._chat_logprobs(reply) if req.logprobs else None}
         yield self._envelope("chat.completion.chunk", reply, [first], usage=False)
+        for delta in reply.deltas:
+            yield self._envelope("chat.completion.chunk", reply, [{"index": 0, "delta": delta, "finish_reason": None}],
+                                 usage=False)
         yield self._envelope("chat.completion.chunk", reply, [{"index": 0, "delta": {},
                                                                 "finish_reason": reply.finish_reason}], usage=False)
         if req.stream_options is not None and req.stream_options.include_usage:
@@ -242,6 +266,20 @@ class Gateway:
         tokens = self._token_texts(reply.token_ids)
         offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
         return {"tokens": tokens, "token_logprobs": reply.logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    """The reply's assistant message: its text, or what vLLM's parsers made of it (content, reasoning,
+    tool calls)."""
+    parsed = reply.parsed
+    if parsed is None:
+        return {"role": "assistant", "content": reply.text}
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning is not None:
+        message["reasoning"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    return message
 
 
 def _timing(reply: Reply) -> dict[str, float]:

@@ -4,7 +4,9 @@ gets (OpenAI's error shape, so the official client raises ``BadRequestError`` & 
 
 Honoured: ``model`` (must be ``policy``), ``messages`` / ``prompt``, ``max_tokens`` /
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``n`` (1 only), ``stream`` (+ ``stream_options.
-include_usage``), ``logprobs`` (+ ``top_logprobs`` 0), ``tools`` (handed to the chat template). Refused with a
+include_usage``), ``logprobs`` (+ ``top_logprobs`` 0), ``tools`` (handed to the chat template; with ``[gateway] tool_parser``
+set, replies carry ``tool_calls`` parsed by vLLM's parser: ``reply_parser``), ``tool_choice`` (``none``
+leaves a reply unparsed), ``parallel_tool_calls``. Refused with a
 400 naming the field: ``n > 1``, ``top_logprobs > 0``, ``stop``, ``best_of > 1``, ``echo``. ``seed`` is
 ignored: vLLM's CPU engines cannot seed one request with chunked prefill (docs/gateway.md).
 """
@@ -57,6 +59,8 @@ class ChatRequest(_Sampling, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):

@@ -26,13 +26,14 @@ from rose_core.app.controller.job_hooks import AcceptedTurn, TurnPayload
 from rose_core.app.gateway.chat_template import ChatTemplate
 from rose_core.app.gateway.gateway import Gateway, GatewayLimits
 from rose_core.app.gateway.http_server import GatewayServer
+from rose_core.app.gateway.reply_parser import ReplyParser
 from rose_core.app.gateway.session_table import SessionTable
 from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_rollout import StepRollout
 from rose_core.protocol.messages import StepStarted
 from rose_core.scheduler import GivenUp, TurnTicket
-from rose_core.support.errors import RoseError
+from rose_core.support.errors import ConfigError, RoseError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ class GatewayJob(RLJob):
         self.bridge = TurnBridge(controller.wake)
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
                                temperature=rl.sampling.temperature, turn_timeout_s=gw.turn_timeout_s)
-        self.gateway = Gateway(self.table, self.bridge, self.codec, _chat_template(policy_dir), limits)
+        template = _chat_template(policy_dir)
+        self.gateway = Gateway(self.table, self.bridge, self.codec, template, limits,
+                               parser=_reply_parser(gw.tool_parser, gw.reasoning_parser, template))
         self.server = GatewayServer(self.gateway, key, gw.host, gw.port).start()
         self.closers.append(self.server.close)
         self.accepting = False
@@ -157,6 +160,16 @@ class GatewayJob(RLJob):
             sessions, _ = self.table.counts()
             status.trajectories_total = len(rollout.sessions) + sessions
             status.trajectories_done = len(rollout.sessions)
+
+
+def _reply_parser(tool_parser: str, reasoning_parser: str, template: ChatTemplate | None) -> ReplyParser | None:
+    """vLLM's parsers for the replies when ``[gateway]`` names one (they read the chat API's replies)."""
+    if not (tool_parser or reasoning_parser):
+        return None
+    if template is None:
+        raise ConfigError("[gateway] tool_parser / reasoning_parser need the chat API, and the policy has no chat "
+                          "template: give its tokenizer one, or leave both empty")
+    return ReplyParser(tool_parser, reasoning_parser, template.tokenizer)
 
 
 def _chat_template(policy_dir: Path) -> ChatTemplate | None:
