@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncIterator
@@ -102,6 +103,31 @@ async def test_sampling_options_and_batch(engine: VllmEngine) -> None:
     assert all(len(o.token_ids) >= 1 and o.logprobs == [] for o in outs)
     seeded = await engine.generate("b-again", [*PROMPT, 0], params)
     assert seeded.token_ids == outs[0].token_ids
+
+
+async def test_the_trainer_scores_sampled_tokens_as_the_engine_sampled_them(engine: VllmEngine, policy_dir: Path) -> None:
+    """Exact sampling at the settings agents use: at temperature 0.7 and top-p 0.9 the engine reports the
+    logprobs of the distribution it sampled from (``processed_logprobs``) and the trainer, before any update,
+    scores the same tokens under the same distribution: the importance ratio is 1 +- 0.01 on every token of a
+    batch (bf16 engine against fp32 trainer). At temperature 1, the logprobs the trainer would compute without
+    the sampling settings are off by the scaling: the check can fail."""
+    from rose_core.app.rl.algorithm.sample import TrainSample
+    from rose_core.app.rl.trainer.trainer import PolicyTrainer
+
+    params = SamplingParams(max_tokens=16, temperature=0.7, top_p=0.9, logprobs=True)
+    prompts = [[*PROMPT, 3 + i, 40 + 2 * i] for i in range(12)]
+    outs = await asyncio.gather(*(engine.generate(f"exact{i}", p, params) for i, p in enumerate(prompts)))
+    samples = [TrainSample(f"t{i}", 0, tuple(p), tuple(o.token_ids), tuple(o.logprobs), 0, 1.0,
+                           temperature=0.7, top_p=0.9) for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    trainer = PolicyTrainer(policy_dir)
+    ratios = [math.exp(new - old) for sample, row in zip(samples, trainer.response_logprobs(samples), strict=True)
+              for new, old in zip(row, sample.behaviour_logprobs, strict=True)]
+    assert len(ratios) >= 12 * 4 and max(abs(r - 1.0) for r in ratios) <= 0.01, sorted(ratios)[:3] + sorted(ratios)[-3:]
+    unscaled = [TrainSample(s.trajectory_id, 0, s.prompt_token_ids, s.response_token_ids, s.behaviour_logprobs, 0,
+                            1.0) for s in samples]
+    raw = [math.exp(new - old) for sample, row in zip(unscaled, trainer.response_logprobs(unscaled), strict=True)
+           for new, old in zip(row, sample.behaviour_logprobs, strict=True)]
+    assert max(abs(r - 1.0) for r in raw) > 0.05  # scoring at temperature 1 would be silently wrong
 
 
 async def test_prefix_cache_hits_are_reported(engine: VllmEngine) -> None:

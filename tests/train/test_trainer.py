@@ -15,7 +15,7 @@ from rose_core.app.rl.algorithm.loss_settings import LossSettings
 from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.demo.models import ModelPaths, load_tokenizer
 from rose_core.app.rl.environments.frozenlake import FrozenLakeEnv
-from rose_core.app.rl.trainer.trainer import PolicyTrainer, TrainerConfig
+from rose_core.app.rl.trainer.trainer import PolicyTrainer, TrainerConfig, sampled_logprobs
 from rose_core.app.rl_config import LossConfig
 from rose_core.app.rl_config import TrainerConfig as RLTrainerConfig
 from rose_core.support.errors import RoseError
@@ -215,3 +215,17 @@ def test_from_config_builds_the_jobs_loss(models: ModelPaths) -> None:
     assert dr.config.loss.max_response_tokens == RLConfig().max_tokens_per_turn and dr.reference is None
     stats = dr.train_step(_samples(models, [1.0, -1.0]))
     assert math.isfinite(stats.loss) and stats.kl_ref is None
+
+
+def test_sampled_logprobs_score_the_distribution_the_engine_sampled_from() -> None:
+    """Temperature divides the logits (0, greedy, counts as 1, as vLLM reports it); top-p keeps vLLM's nucleus
+    (ascending cumulative probability above ``1 - top_p``, the most likely token always) and renormalises; the
+    sampled token is scored even when a rounding puts it just outside."""
+    logits = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]])).repeat(4, 1, 1)
+    targets = torch.tensor([[0], [1], [3], [0]])
+    out = sampled_logprobs(logits, targets, torch.tensor([1.0, 0.5, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.7, 0.1]))
+    assert torch.allclose(out[0], torch.log_softmax(logits[0], -1))
+    assert torch.allclose(out[1], torch.log_softmax(logits[1] / 0.5, -1))
+    nucleus = torch.log(torch.tensor([0.5, 0.3, 0.05]) / 0.85)  # 0.15 dropped (cumulative 0.2 <= 0.3), 0.05 kept:
+    assert torch.allclose(out[2, 0, [0, 1, 3]], nucleus) and out[2, 0, 2] == float("-inf")  # it was sampled
+    assert out[3, 0, 0] == 0.0 and torch.isinf(out[3, 0, 1:]).all()  # greedy at 1, top-p 0.1: only the argmax

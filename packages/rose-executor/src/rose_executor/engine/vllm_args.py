@@ -1,6 +1,6 @@
 """How an ``EngineSpec`` becomes vLLM's ``AsyncEngineArgs``: placement (tensor parallelism, device ids), memory
-(KV cache size, the GPU share), chunked prefill, sleep mode, and ROSE's worker extension (the in-place weight
-path, ``rose_executor.weights.worker_extension``)."""
+(KV cache size, the GPU share), chunked prefill, sleep mode, the rollout engine's processed logprobs, and
+ROSE's worker extension (the in-place weight path, ``rose_executor.weights.worker_extension``)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,15 @@ def engine_args(spec: EngineSpec) -> AsyncEngineArgs:
         **_memory(spec),
         **_chunking(spec),
         worker_extension_cls=WORKER_EXTENSION,
+        **_logprobs(spec),
     )
+
+
+def _logprobs(spec: EngineSpec) -> dict[str, Any]:
+    """A rollout engine reports the logprobs of the distribution it sampled from (after temperature and top-p:
+    vLLM's ``processed_logprobs``), which the trainer scores the same way (``trainer.sampled_logprobs``); a
+    serving engine keeps vLLM's default for its own clients."""
+    return {"logprobs_mode": "processed_logprobs"} if spec.purpose == "rollout" else {}
 
 
 def _placement(spec: EngineSpec) -> dict[str, Any]:

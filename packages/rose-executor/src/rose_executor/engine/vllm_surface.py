@@ -84,7 +84,7 @@ SURFACE: tuple[Touch, ...] = (
           ("model", "served_model_name", "dtype", "max_model_len", "max_num_seqs", "enable_prefix_caching",
            "skip_tokenizer_init", "tensor_parallel_size", "device_ids", "enforce_eager", "enable_sleep_mode",
            "disable_log_stats", "kv_cache_memory_bytes", "gpu_memory_utilization", "enable_chunked_prefill",
-           "max_num_batched_tokens", "worker_extension_cls"), "engine/vllm_args.py"),
+           "max_num_batched_tokens", "worker_extension_cls", "logprobs_mode"), "engine/vllm_args.py"),
     # stats
     Touch("vllm.v1.metrics.loggers:StatLoggerFactory", "symbol", used_in=_ENGINE),
     Touch("vllm.v1.metrics.loggers:StatLoggerBase.record", "override",

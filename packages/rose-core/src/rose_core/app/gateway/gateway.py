@@ -180,7 +180,8 @@ class Gateway:
         ids = [int(t) for t in result.output_token_ids]
         logprobs = [float(x) for x in result.output_logprobs]
         text = self.codec.decode(ids[:-1] if ids and ids[-1] == self.codec.eos_id else ids)
-        turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version)
+        turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version,
+                    temperature=sampling.temperature, top_p=sampling.top_p)
         self.table.finish_call(session_id, turn, key(ids, text))
         finish = "length" if result.finish_reason == "length" else "stop"
         return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s, list(prompt))

@@ -37,7 +37,8 @@ def sample_json(sample: TrainSample) -> dict[str, Any]:
     return {"trajectory_id": sample.trajectory_id, "turn_index": sample.turn_index,
             "tokens": [*prompt, *response], "mask": [0] * len(prompt) + [1] * len(response),
             "behaviour_logprobs": [0.0] * len(prompt) + list(sample.behaviour_logprobs),
-            "prompt_length": len(prompt), "weight_version": sample.weight_version, "advantage": sample.advantage}
+            "prompt_length": len(prompt), "weight_version": sample.weight_version, "advantage": sample.advantage,
+            "temperature": sample.temperature, "top_p": sample.top_p}
 
 
 class ExternalTrainer:

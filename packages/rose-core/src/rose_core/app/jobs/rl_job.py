@@ -127,7 +127,8 @@ class RLJob:
             return
         rollout.count(accepted)
         episode = rollout.episodes[res.trajectory_id]
-        episode.advance(res.output_token_ids.tolist(), res.output_logprobs.tolist(), res.weight_version)
+        episode.advance(res.output_token_ids.tolist(), res.output_logprobs.tolist(), res.weight_version,
+                        temperature=self.config.rl.sampling.temperature)
         if episode.done:
             rollout.open.discard(res.trajectory_id)
             self.controller.finish_trajectory(res.trajectory_id)

@@ -74,6 +74,8 @@ def build_samples(
                     behaviour_logprobs=turn.behaviour_logprobs,
                     weight_version=turn.weight_version,
                     advantage=advantage,
+                    temperature=turn.temperature,
+                    top_p=turn.top_p,
                 )
             )
     return samples

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rose_core.app.rl.algorithm.trajectory import check_sampling
+
 
 @dataclass(slots=True, frozen=True)
 class TrainSample:
@@ -17,6 +19,9 @@ class TrainSample:
     behaviour_logprobs: tuple[float, ...]
     weight_version: int
     advantage: float
+    temperature: float = 1.0
+    """The turn's sampling distribution (``Turn``): the trainer scores the tokens under it."""
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids or not self.response_token_ids:
@@ -27,6 +32,7 @@ class TrainSample:
             raise ValueError(f"advantage {self.advantage} must be finite: check the group rewards")
         if self.turn_index < 0:
             raise ValueError(f"turn index {self.turn_index} must be >= 0")
+        check_sampling(self.temperature, self.top_p)
 
     @property
     def length(self) -> int:

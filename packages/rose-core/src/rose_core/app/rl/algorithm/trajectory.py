@@ -8,13 +8,18 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True, frozen=True)
 class Turn:
-    """One LLM call of a trajectory: the exact prompt sent, the tokens sampled and their sampler logprobs."""
+    """One LLM call of a trajectory: the exact prompt sent, the tokens sampled and their sampler logprobs, and
+    the distribution they were sampled from (``temperature``, ``top_p``: the logprobs are that distribution's,
+    vLLM's processed ones, and the trainer scores the tokens under the same; 0: greedy, scored at 1 as vLLM
+    reports it)."""
 
     prompt_token_ids: tuple[int, ...]
     response_token_ids: tuple[int, ...]
     behaviour_logprobs: tuple[float, ...]
     weight_version: int
     reward: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -32,6 +37,15 @@ class Turn:
             raise ValueError("behaviour logprobs must be finite and <= 0: pass log-probabilities, not probabilities")
         if self.weight_version < 0:
             raise ValueError(f"weight version {self.weight_version} must be >= 0")
+        check_sampling(self.temperature, self.top_p)
+
+
+def check_sampling(temperature: float, top_p: float) -> None:
+    """A turn's sampling distribution, as the trainer can score it."""
+    if not (math.isfinite(temperature) and temperature >= 0.0):
+        raise ValueError(f"temperature {temperature} must be a finite number >= 0")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p {top_p} must be in (0, 1]")
 
 
 @dataclass(slots=True)

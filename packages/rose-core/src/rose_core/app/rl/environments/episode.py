@@ -48,8 +48,10 @@ class Episode:
             self._pending = self._conversation.prompt()
         return list(self._pending)
 
-    def advance(self, response_token_ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> StepOutcome:
-        """Apply the sampled response: step the environment, record the turn, extend the conversation."""
+    def advance(self, response_token_ids: Sequence[int], logprobs: Sequence[float], weight_version: int, *,
+                temperature: float = 1.0, top_p: float = 1.0) -> StepOutcome:
+        """Apply the sampled response (drawn at ``temperature`` and ``top_p``): step the environment, record the
+        turn, extend the conversation."""
         prompt = self.prompt()
         response = list(response_token_ids)
         outcome = self._env.step(self._codec.decode(_without_eos(response, self._codec.eos_id)))
@@ -60,6 +62,8 @@ class Episode:
                 behaviour_logprobs=tuple(float(x) for x in logprobs),
                 weight_version=weight_version,
                 reward=outcome.reward,
+                temperature=temperature,
+                top_p=top_p,
             )
         )
         self._pending = None

@@ -94,6 +94,9 @@ class _Batch:
     mask: torch.Tensor
     advantages: torch.Tensor
     behaviour: torch.Tensor
+    temperature: torch.Tensor
+    """Per row: the turn's sampling temperature and top-p (``TrainSample``), which the logprobs are scored under."""
+    top_p: torch.Tensor
     proximal: torch.Tensor | None = None
     """Set by the first epoch's forward pass (detached)."""
     reference: torch.Tensor | None = None
@@ -271,7 +274,7 @@ class PolicyTrainer:
         with torch.set_grad_enabled(grad):
             logits = (self.model if model is None else model)(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
             picked = logits.gather(1, batch.positions[:, :, None].expand(-1, -1, logits.shape[-1]))
-            logprobs = torch.log_softmax(picked.float(), dim=-1)
+            logprobs = sampled_logprobs(picked.float(), batch.targets, batch.temperature, batch.top_p)
             return logprobs.gather(2, batch.targets[:, :, None]).squeeze(2) * batch.mask
 
     def _batches(self, samples: Sequence[TrainSample], *, sort: bool = True) -> list[_Batch]:
@@ -295,6 +298,25 @@ class PolicyTrainer:
                 f"token id {highest} is outside the policy's vocabulary of {self.vocab_size}: "
                 "tokenize with the policy's own tokenizer"
             )
+
+
+def sampled_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor,
+                     top_p: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities under the distribution each row's tokens were sampled from, as vLLM's sampler builds it
+    (and reports it with ``logprobs_mode = processed_logprobs``): the logits divided by the row's temperature
+    (greedy rows, temperature 0, at 1: vLLM reports those unscaled), then vLLM's top-p rule: sorted ascending,
+    the tokens whose cumulative probability is at most ``1 - top_p`` dropped, the most likely one always kept.
+    The sampled token itself is never dropped: by construction it was inside the sampler's nucleus, and a
+    cumulative sum a rounding away from the boundary must not make its logprob -inf."""
+    scale = torch.where(temperature > 0.0, temperature, torch.ones_like(temperature))
+    logits = logits / scale[:, None, None]
+    if bool((top_p < 1.0).any()):
+        ascending, order = logits.sort(dim=-1)
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)[:, None, None]
+        drop[..., -1] = False
+        drop = torch.zeros_like(drop).scatter(-1, order, drop).scatter(-1, targets[:, :, None], False)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
 
 
 def _gap(batches: Sequence[_Batch]) -> float:
@@ -327,7 +349,9 @@ def _collate(samples: Sequence[TrainSample], pad_id: int) -> _Batch:
         mask[row, :response] = 1.0
         behaviour[row, :response] = torch.tensor(sample.behaviour_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return _Batch(input_ids, attention_mask, positions, targets, mask, advantages, behaviour)
+    temperature = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
+    top_p = torch.tensor([s.top_p for s in samples], dtype=torch.float32)
+    return _Batch(input_ids, attention_mask, positions, targets, mask, advantages, behaviour, temperature, top_p)
 
 
 def _frozen_copy(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
