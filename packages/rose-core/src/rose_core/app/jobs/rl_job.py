@@ -128,7 +128,7 @@ class RLJob:
         rollout.count(accepted)
         episode = rollout.episodes[res.trajectory_id]
         episode.advance(res.output_token_ids.tolist(), res.output_logprobs.tolist(), res.weight_version,
-                        temperature=self.config.rl.sampling.temperature)
+                        temperature=self._temperature(rollout, res.trajectory_id))
         if episode.done:
             rollout.open.discard(res.trajectory_id)
             self.controller.finish_trajectory(res.trajectory_id)
@@ -312,13 +312,17 @@ class RLJob:
             self._drive(rollout, deadline)
         rollout.dropped = len(informative_groups(rollout.finished())[1])
 
+    def _temperature(self, rollout: StepRollout, trajectory_id: str) -> float:
+        """Held-out maps are played greedily; every other turn at ``rl.sampling.temperature``."""
+        return 0.0 if trajectory_id in rollout.evals else self.config.rl.sampling.temperature
+
     def _submit_turn(self, rollout: StepRollout, trajectory_id: str) -> None:
         k = rollout.turn_counts.get(trajectory_id, 0)
         rollout.turn_counts[trajectory_id] = k + 1
         rl = self.config.rl
         lo, hi = rollout.window
         prompt = np.asarray(rollout.episodes[trajectory_id].prompt(), dtype=np.int32)
-        temperature = 0.0 if trajectory_id in rollout.evals else rl.sampling.temperature
+        temperature = self._temperature(rollout, trajectory_id)
         payload = TurnPayload(prompt, SamplingParams(max_tokens=rl.max_tokens_per_turn, temperature=temperature),
                               rollout.step)
         self.controller.submit_turn(TurnTicket(f"{trajectory_id}/t{k}", trajectory_id, lo, hi,
