@@ -223,7 +223,8 @@ def test_sampled_logprobs_score_the_distribution_the_engine_sampled_from() -> No
     sampled token is scored even when a rounding puts it just outside."""
     logits = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]])).repeat(4, 1, 1)
     targets = torch.tensor([[0], [1], [3], [0]])
-    out = sampled_logprobs(logits, targets, torch.tensor([1.0, 0.5, 1.0, 0.0]), torch.tensor([1.0, 1.0, 0.7, 0.1]))
+    out = sampled_logprobs(logits, targets, torch.tensor([[1.0], [0.5], [1.0], [0.0]]),
+                           torch.tensor([[1.0], [1.0], [0.7], [0.1]]))
     assert torch.allclose(out[0], torch.log_softmax(logits[0], -1))
     assert torch.allclose(out[1], torch.log_softmax(logits[1] / 0.5, -1))
     nucleus = torch.log(torch.tensor([0.5, 0.3, 0.05]) / 0.85)  # 0.15 dropped (cumulative 0.2 <= 0.3), 0.05 kept:

@@ -69,8 +69,10 @@ def policy_loss(
     settings: LossSettings,
     norm: LossNorm,
     reference: torch.Tensor | None = None,
+    turn_tokens: torch.Tensor | None = None,
 ) -> PolicyLoss:
-    """``aggregate(w * clipped_surrogate + kl_coef * k3)`` with ``w`` the truncated IS weight."""
+    """``aggregate(w * clipped_surrogate + kl_coef * k3)`` with ``w`` the truncated IS weight. ``advantages``:
+    per row ([B]) or per token ([B, T], a row holding several turns); ``turn_tokens``: see ``aggregate``."""
     ratio = torch.exp(new - proximal)
     surrogate, clipped = clipped_surrogate(ratio, advantages, settings.clip_low, settings.clip_high)
     weight, truncated = truncated_is_weight(proximal, behaviour, settings.tis_cap)
@@ -81,7 +83,7 @@ def policy_loss(
             raise ValueError(f"kl_coef {settings.kl_coef} > 0 needs the reference logprobs: pass reference=")
         kl = k3_kl(new, reference)
         per_token = per_token + settings.kl_coef * kl
-    loss = aggregate(per_token, mask, settings.loss_agg, norm, settings.max_response_tokens)
+    loss = aggregate(per_token, mask, settings.loss_agg, norm, settings.max_response_tokens, turn_tokens)
     return PolicyLoss(
         loss=loss,
         clipped=_masked_sum(clipped.float(), mask),
@@ -98,7 +100,7 @@ def clipped_surrogate(
     """Per token ``-min(r * A, clamp(r, 1 - clip_low, 1 + clip_high) * A)`` (``advantages`` is per row, [B]),
     and where the clip is active (the token's gradient is zero: r above 1 + clip_high with A > 0, or below
     1 - clip_low with A < 0)."""
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
     bounded = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     surrogate = -torch.minimum(ratio * adv, bounded * adv)
     clipped = ((ratio > 1.0 + clip_high) & (adv > 0)) | ((ratio < 1.0 - clip_low) & (adv < 0))
@@ -122,17 +124,24 @@ def k3_kl(new: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNorm, max_tokens: int = 0
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNorm, max_tokens: int = 0,
+    turn_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One number from ``[B, T]`` per-token losses (``LOSS_AGGREGATIONS``):
+    """One number from ``[B, T]`` per-token losses (``LOSS_AGGREGATIONS``), a sample being one turn:
 
     - ``token_mean``: sum over all tokens / ``norm.tokens`` (DAPO: long samples weigh more);
-    - ``seq_mean_token_mean``: per row sum / its token count, summed / ``norm.sequences`` (GRPO);
-    - ``seq_mean_token_sum_norm``: per row sum / ``max_tokens``, summed / ``norm.sequences`` (Dr. GRPO: no
-      length bias)."""
+    - ``seq_mean_token_mean``: per sample sum / its token count, summed / ``norm.sequences`` (GRPO);
+    - ``seq_mean_token_sum_norm``: per sample sum / ``max_tokens``, summed / ``norm.sequences`` (Dr. GRPO: no
+      length bias).
+
+    A row is one sample unless ``turn_tokens`` ([B, T]: each token's own turn's response length) says a row
+    packs several turns (one sequence per trajectory): each token is then divided by its turn's length, so
+    packing never changes the loss."""
     masked = per_token * mask
     if mode == "token_mean":
         return masked.sum() / norm.tokens
+    if mode == "seq_mean_token_mean" and turn_tokens is not None:
+        return (masked / turn_tokens.clamp(min=1.0)).sum() / norm.sequences
     rows = masked.sum(dim=1)
     if mode == "seq_mean_token_mean":
         rows = rows / mask.sum(dim=1).clamp(min=1.0)

@@ -23,6 +23,7 @@ from rose_core.app.rl.algorithm.policy_loss import LossNorm, PolicyLoss, policy_
 from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.demo.models import iter_safetensors_names, quiet_progress
 from rose_core.app.rl.trainer.checkpoint_dir import CheckpointState
+from rose_core.app.rl.trainer.packed_batch import PackedBatch, Row, collate, rows_of
 from rose_core.app.rl.trainer.trainer_state import load_checkpoint, save_checkpoint
 from rose_core.protocol.engine_layout import EngineLayout, engine_layout_of
 from rose_core.support.errors import RoseError, require_extra
@@ -75,6 +76,8 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
     loss: LossSettings = field(default_factory=LossSettings)
+    pack: bool = True
+    """One sequence per trajectory (``packed_batch``); False: one per turn (the same loss, more compute)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr) and self.lr > 0.0):
@@ -83,24 +86,6 @@ class TrainerConfig:
             raise ValueError("epochs, threads and micro_batch_size must each be at least 1")
         if not self.max_grad_norm > 0.0:
             raise ValueError(f"max_grad_norm {self.max_grad_norm} must be positive")
-
-
-@dataclass(slots=True)
-class _Batch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    positions: torch.Tensor
-    targets: torch.Tensor
-    mask: torch.Tensor
-    advantages: torch.Tensor
-    behaviour: torch.Tensor
-    temperature: torch.Tensor
-    """Per row: the turn's sampling temperature and top-p (``TrainSample``), which the logprobs are scored under."""
-    top_p: torch.Tensor
-    proximal: torch.Tensor | None = None
-    """Set by the first epoch's forward pass (detached)."""
-    reference: torch.Tensor | None = None
-    """The frozen reference's logprobs, when ``kl_coef`` > 0."""
 
 
 @dataclass(slots=True)
@@ -137,9 +122,11 @@ class PolicyTrainer:
         max_grad_norm: float = 1.0,
         micro_batch_size: int = 32,
         loss: LossSettings | None = None,
+        pack: bool = True,
     ) -> None:
         self.config = TrainerConfig(
-            lr, epochs, seed, threads, max_grad_norm, micro_batch_size, loss if loss is not None else LossSettings()
+            lr, epochs, seed, threads, max_grad_norm, micro_batch_size, loss if loss is not None else LossSettings(),
+            pack,
         )
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -186,7 +173,7 @@ class PolicyTrainer:
         return self._stats(batches, norm, tally, sum(losses) / len(losses), grad_norm, started)
 
     def _stats(
-        self, batches: list[_Batch], norm: LossNorm, tally: _Tally, loss: float, grad_norm: float, started: float
+        self, batches: list[PackedBatch], norm: LossNorm, tally: _Tally, loss: float, grad_norm: float, started: float
     ) -> TrainStats:
         tokens = norm.tokens
         return TrainStats(
@@ -206,7 +193,7 @@ class PolicyTrainer:
 
     def response_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
         """Current logprobs of each sample's response tokens (in the samples' order)."""
-        batches = self._batches(samples, sort=False)
+        batches = self._batches(samples, sort=False, pack=False)
         result: list[list[float]] = []
         for batch in batches:
             values = self._logprobs(batch, grad=False)
@@ -245,7 +232,7 @@ class PolicyTrainer:
                 shutil.copyfile(self.model_dir / name, directory / name)
         save_file(self.export_weights(), str(directory / "model.safetensors"), metadata={"format": "pt"})
 
-    def _backward(self, batch: _Batch, norm: LossNorm) -> PolicyLoss:
+    def _backward(self, batch: PackedBatch, norm: LossNorm) -> PolicyLoss:
         """Accumulate the policy loss's gradient for one micro-batch; the first call fixes its proximal (and
         reference) logprobs."""
         new = self._logprobs(batch, grad=True)
@@ -254,12 +241,13 @@ class PolicyTrainer:
             if self.reference is not None:
                 batch.reference = self._logprobs(batch, grad=False, model=self.reference)
         terms = policy_loss(
-            new, batch.proximal, batch.behaviour, batch.mask, batch.advantages, self.config.loss, norm, batch.reference
+            new, batch.proximal, batch.behaviour, batch.mask, batch.advantages, self.config.loss, norm, batch.reference,
+            batch.turn_tokens,
         )
         terms.loss.backward()  # type: ignore[no-untyped-call]
         return terms
 
-    def _approx_kl(self, batches: list[_Batch]) -> float:
+    def _approx_kl(self, batches: list[PackedBatch]) -> float:
         total = 0.0
         for batch in batches:
             log_ratio = self._logprobs(batch, grad=False) - _proximal(batch)
@@ -267,7 +255,7 @@ class PolicyTrainer:
         return total
 
     def _logprobs(
-        self, batch: _Batch, *, grad: bool, model: transformers.PreTrainedModel | None = None
+        self, batch: PackedBatch, *, grad: bool, model: transformers.PreTrainedModel | None = None
     ) -> torch.Tensor:
         """Logprobs of the response tokens under ``model`` (default the policy), zero where masked. Models stay
         in eval mode (no dropout)."""
@@ -277,14 +265,18 @@ class PolicyTrainer:
             logprobs = sampled_logprobs(picked.float(), batch.targets, batch.temperature, batch.top_p)
             return logprobs.gather(2, batch.targets[:, :, None]).squeeze(2) * batch.mask
 
-    def _batches(self, samples: Sequence[TrainSample], *, sort: bool = True) -> list[_Batch]:
+    def _batches(self, samples: Sequence[TrainSample], *, sort: bool = True, pack: bool | None = None
+                 ) -> list[PackedBatch]:
+        """Micro-batches of ``micro_batch_size`` rows (one per trajectory, or per turn: ``TrainerConfig.pack``),
+        shortest first when ``sort``."""
         if not samples:
             raise ValueError("no samples to train on: pass at least one TrainSample")
         for sample in samples:
             self._check_sample(sample)
-        ordered = sorted(samples, key=lambda s: s.length) if sort else list(samples)
+        rows: list[Row] = rows_of(samples, pack=self.config.pack if pack is None else pack)
+        ordered = sorted(rows, key=lambda row: row[-1].length) if sort else rows
         size = self.config.micro_batch_size
-        return [_collate(ordered[i : i + size], self.pad_id) for i in range(0, len(ordered), size)]
+        return [collate(ordered[i : i + size], self.pad_id) for i in range(0, len(ordered), size)]
 
     def _check_sample(self, sample: TrainSample) -> None:
         if sample.length > self.max_length:
@@ -302,56 +294,33 @@ class PolicyTrainer:
 
 def sampled_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor,
                      top_p: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities under the distribution each row's tokens were sampled from, as vLLM's sampler builds it
-    (and reports it with ``logprobs_mode = processed_logprobs``): the logits divided by the row's temperature
+    """Log-probabilities under the distribution each token was sampled from (``temperature``, ``top_p``: [B, T]),
+    as vLLM's sampler builds it (and reports it with ``logprobs_mode = processed_logprobs``): the logits divided
+    by the token's temperature
     (greedy rows, temperature 0, at 1: vLLM reports those unscaled), then vLLM's top-p rule: sorted ascending,
     the tokens whose cumulative probability is at most ``1 - top_p`` dropped, the most likely one always kept.
     The sampled token itself is never dropped: by construction it was inside the sampler's nucleus, and a
     cumulative sum a rounding away from the boundary must not make its logprob -inf."""
     scale = torch.where(temperature > 0.0, temperature, torch.ones_like(temperature))
-    logits = logits / scale[:, None, None]
+    logits = logits / scale[:, :, None]
     if bool((top_p < 1.0).any()):
         ascending, order = logits.sort(dim=-1)
-        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)[:, None, None]
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1.0 - top_p)[:, :, None]
         drop[..., -1] = False
         drop = torch.zeros_like(drop).scatter(-1, order, drop).scatter(-1, targets[:, :, None], False)
         logits = logits.masked_fill(drop, float("-inf"))
     return torch.log_softmax(logits, dim=-1)
 
 
-def _gap(batches: Sequence[_Batch]) -> float:
+def _gap(batches: Sequence[PackedBatch]) -> float:
     """Summed |proximal - behaviour| logprob over response tokens: large values mean stale or wrong weights."""
     return sum(float(((_proximal(b) - b.behaviour).abs() * b.mask).sum()) for b in batches)
 
 
-def _proximal(batch: _Batch) -> torch.Tensor:
+def _proximal(batch: PackedBatch) -> torch.Tensor:
     if batch.proximal is None:
         raise RuntimeError("the batch has no proximal logprobs yet: run its first epoch (_backward) first")
     return batch.proximal
-
-
-def _collate(samples: Sequence[TrainSample], pad_id: int) -> _Batch:
-    width = max(s.length for s in samples)
-    depth = max(len(s.response_token_ids) for s in samples)
-    rows = len(samples)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long)
-    positions = torch.zeros((rows, depth), dtype=torch.long)
-    targets = torch.zeros((rows, depth), dtype=torch.long)
-    mask = torch.zeros((rows, depth), dtype=torch.float32)
-    behaviour = torch.zeros((rows, depth), dtype=torch.float32)
-    for row, sample in enumerate(samples):
-        prompt, response = len(sample.prompt_token_ids), len(sample.response_token_ids)
-        input_ids[row, : sample.length] = torch.tensor(sample.prompt_token_ids + sample.response_token_ids)
-        attention_mask[row, : sample.length] = 1
-        positions[row, :response] = torch.arange(prompt - 1, prompt - 1 + response)
-        targets[row, :response] = torch.tensor(sample.response_token_ids)
-        mask[row, :response] = 1.0
-        behaviour[row, :response] = torch.tensor(sample.behaviour_logprobs)
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    temperature = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
-    top_p = torch.tensor([s.top_p for s in samples], dtype=torch.float32)
-    return _Batch(input_ids, attention_mask, positions, targets, mask, advantages, behaviour, temperature, top_p)
 
 
 def _frozen_copy(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
