@@ -17,7 +17,9 @@ from rose_core.app.gateway.openai_api import (
     GatewayError,
     check_chat,
     check_sampling,
+    cut_at_stop,
     decode,
+    stop_strings,
 )
 from rose_core.app.gateway.session_history import SessionHistory
 from rose_core.app.gateway.session_table import SessionTable
@@ -198,8 +200,12 @@ def test_closing_the_bridge_fails_every_waiting_and_later_call() -> None:
 def test_request_checks_name_the_field() -> None:
     chat = decode(b'{"messages": [{"role": "user", "content": "x"}]}', ChatRequest, "chat")
     assert check_sampling(chat, 64) == 64
+    assert check_sampling(decode(b'{"messages": [], "stop": ["x", "\\n"]}', ChatRequest, "chat"), 64) == 64
+    assert stop_strings("x") == ("x",) and stop_strings(None) == ()
+    assert cut_at_stop("one. two. three", (" three", ".")) == "one" and cut_at_stop("abc", ("z",)) == "abc"
     for body, field in ((b'{"messages": [], "n": 2}', "n"), (b'{"messages": [], "max_tokens": 65}', "max_tokens"),
-                        (b'{"messages": [], "model": "gpt-4"}', "model"), (b'{"messages": [], "stop": ["x"]}', "stop"),
+                        (b'{"messages": [], "model": "gpt-4"}', "model"), (b'{"messages": [], "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+                        (b'{"messages": [], "stop": [""]}', "stop"),
                         (b'{"messages": [], "temperature": 3}', "temperature")):
         with pytest.raises(GatewayError) as refused:
             check_sampling(decode(body, ChatRequest, "chat"), 64)

@@ -130,6 +130,21 @@ async def test_the_trainer_scores_sampled_tokens_as_the_engine_sampled_them(engi
     assert max(abs(r - 1.0) for r in raw) > 0.05  # scoring at temperature 1 would be silently wrong
 
 
+async def test_a_stop_string_ends_the_turn_at_the_token_that_completes_it(engine: VllmEngine, policy_dir: Path) -> None:
+    """A gateway call's ``stop`` reaches vLLM (matched on the detokenised text): the same greedy turn ends at the
+    token whose text completes the stop string, and those ids are what it sampled up to there."""
+    from rose_core.app.rl.demo.models import load_tokenizer
+
+    codec = load_tokenizer(policy_dir)
+    whole = await engine.generate("nostop", PROMPT, GREEDY)
+    texts = [codec.decode(whole.token_ids[: i + 1]) for i in range(len(whole.token_ids))]
+    at = next(i for i in range(2, len(texts)) if len(texts[i]) > len(texts[i - 1]) and texts[i][-1].strip())
+    stop = texts[at][len(texts[at - 1]):][-1]  # the last character the token at ``at`` adds
+    assert stop not in texts[at - 1], "pick a prompt whose greedy text does not repeat the character"
+    out = await engine.generate("stop", PROMPT, msgspec.structs.replace(GREEDY, stop=(stop,)))
+    assert out.token_ids == whole.token_ids[: at + 1] and out.finish_reason == "stop"
+
+
 async def test_prefix_cache_hits_are_reported(engine: VllmEngine) -> None:
     prompt = [(i * 7) % 150 + 5 for i in range(300)]
     first = await engine.generate("p1", prompt, SamplingParams(max_tokens=2, temperature=0.0))

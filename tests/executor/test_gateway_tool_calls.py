@@ -123,3 +123,16 @@ def test_a_parser_vllm_does_not_have_is_refused_at_start(tokenizer_dir: Path) ->
     with pytest.raises(ConfigError, match="no_such_parser"):
         ReplyParser("no_such_parser", "", template.tokenizer)
     assert template.eos_text == IM_END  # the policy's end-of-turn token is Qwen's
+
+
+def test_a_stop_string_cuts_the_reply_and_the_session_keeps_every_sampled_token(tokenizer_dir: Path) -> None:
+    """The engine ends the turn at the token that completes a stop string; the reply's text ends before it (as
+    OpenAI's API returns it), the session keeps the tokens as sampled."""
+    gw = gateway(tokenizer_dir, [answer_text()])
+    sid = gw.open_session(b'{"group": "g"}')["session_id"]
+    req, reply = gw.chat(sid, body(ASKED, stop=[" is"], tool_choice="none"))
+    assert gw.chat_response(req, reply)["choices"][0]["message"]["content"] == "The sum"
+    codec = load_tokenizer(tokenizer_dir)
+    (segment,) = gw.describe(sid)["segments"]
+    (start, end), = sampled_runs(segment["mask"])
+    assert codec.decode(segment["tokens"][start:end]) == answer_text()

@@ -134,6 +134,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     top_p: float = 1.0
     seed: int | None = None
     logprobs: bool = True
+    stop: tuple[str, ...] = ()
+    """Stop strings: the turn ends at the token that completes one (kept in the output ids; the gateway cuts the
+    text there, as OpenAI's API does)."""
 
 
 class TurnRequest(Message, tag="turn_request"):

@@ -348,7 +348,8 @@ def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
         top_p=sampling.top_p,
         seed=sampling.seed,
         logprobs=0 if sampling.logprobs else None,
-        detokenize=False,
+        stop=list(sampling.stop) or None,
+        detokenize=bool(sampling.stop),  # stop strings are matched on the text
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
 

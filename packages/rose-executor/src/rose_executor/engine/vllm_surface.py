@@ -73,7 +73,7 @@ SURFACE: tuple[Touch, ...] = (
     Touch("vllm.v1.metrics.stats:RequestStateStats", "fields",
           ("arrival_time", "last_token_ts", "num_generation_tokens"), _ENGINE),
     Touch("vllm:SamplingParams", "call",
-          ("max_tokens", "temperature", "top_p", "seed", "logprobs", "detokenize", "output_kind"), _ENGINE),
+          ("max_tokens", "temperature", "top_p", "seed", "logprobs", "stop", "detokenize", "output_kind"), _ENGINE),
     Touch("vllm.sampling_params:RequestOutputKind", "fields", ("FINAL_ONLY",), _ENGINE),
     Touch("vllm.inputs:TokensPrompt", "fields", ("prompt_token_ids",), _ENGINE),
     Touch("vllm.outputs:RequestOutput", "assigned", ("outputs", "num_cached_tokens"), _ENGINE),

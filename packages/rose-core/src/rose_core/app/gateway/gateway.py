@@ -29,7 +29,9 @@ from rose_core.app.gateway.openai_api import (
     check_chat,
     check_completion,
     check_sampling,
+    cut_at_stop,
     decode,
+    stop_strings,
 )
 from rose_core.app.gateway.reply_parser import ParsedReply, ReplyParser
 from rose_core.app.gateway.session_history import SessionHistory
@@ -139,8 +141,9 @@ class Gateway:
         reply = self._call(session_id, build, key, max_tokens, req, started)
         if parser is not None:
             said = reply.token_ids[:-1] if reply.token_ids[-1:] == [self.codec.eos_id] else reply.token_ids
-            reply.parsed = parser.parse(parse_request, said)
-            reply.deltas = list(parser.deltas(parse_request, reply.prompt, said)) if req.stream else []
+            stops = stop_strings(req.stop)
+            reply.parsed = parser.parse(parse_request, said, stops)
+            reply.deltas = list(parser.deltas(parse_request, reply.prompt, said, stops)) if req.stream else []
             if reply.parsed.tool_calls:
                 reply.finish_reason = "tool_calls"
         return req, reply
@@ -169,7 +172,7 @@ class Gateway:
             self._check_prompt(prompt)
             sampling = SamplingParams(max_tokens=max_tokens, logprobs=True,
                                       temperature=self.limits.temperature if req.temperature is None else req.temperature,
-                                      top_p=1.0 if req.top_p is None else req.top_p)
+                                      top_p=1.0 if req.top_p is None else req.top_p, stop=stop_strings(req.stop))
             submitted = time.perf_counter()
             outcome = self._run(GatewayTurn(f"{session_id}/c{next(self._calls)}", session_id, prompt, sampling))
             turn_s = time.perf_counter() - submitted
@@ -179,10 +182,11 @@ class Gateway:
         result = outcome.result
         ids = [int(t) for t in result.output_token_ids]
         logprobs = [float(x) for x in result.output_logprobs]
-        text = self.codec.decode(ids[:-1] if ids and ids[-1] == self.codec.eos_id else ids)
+        said = self.codec.decode(ids[:-1] if ids and ids[-1] == self.codec.eos_id else ids)
+        text = cut_at_stop(said, sampling.stop)
         turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version,
                     temperature=sampling.temperature, top_p=sampling.top_p)
-        self.table.finish_call(session_id, turn, key(ids, text))
+        self.table.finish_call(session_id, turn, key(ids, said))
         finish = "length" if result.finish_reason == "length" else "stop"
         return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s, list(prompt))
 

@@ -4,10 +4,11 @@ gets (OpenAI's error shape, so the official client raises ``BadRequestError`` & 
 
 Honoured: ``model`` (must be ``policy``), ``messages`` / ``prompt``, ``max_tokens`` /
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``n`` (1 only), ``stream`` (+ ``stream_options.
-include_usage``), ``logprobs`` (+ ``top_logprobs`` 0), ``tools`` (handed to the chat template; with ``[gateway] tool_parser``
+include_usage``), ``logprobs`` (+ ``top_logprobs`` 0), ``stop`` (up to 4 strings; the text is cut there, the token ids keep the
+token that completed it), ``tools`` (handed to the chat template; with ``[gateway] tool_parser``
 set, replies carry ``tool_calls`` parsed by vLLM's parser: ``reply_parser``), ``tool_choice`` (``none``
 leaves a reply unparsed), ``parallel_tool_calls``. Refused with a
-400 naming the field: ``n > 1``, ``top_logprobs > 0``, ``stop``, ``best_of > 1``, ``echo``. ``seed`` is
+400 naming the field: ``n > 1``, ``top_logprobs > 0``, ``best_of > 1``, ``echo``. ``seed`` is
 ignored: vLLM's CPU engines cannot seed one request with chunked prefill (docs/gateway.md).
 """
 
@@ -109,9 +110,7 @@ def check_sampling(req: _Sampling, max_tokens_limit: int) -> int:
     if req.n != 1:
         raise GatewayError(400, f"n = {req.n}: the gateway samples one choice per call (each is one turn of "
                                 "the session); open one session per sample (the group's sessions)", "n")
-    if req.stop:
-        raise GatewayError(400, "stop sequences are not supported: the turn ends at the policy's end-of-turn "
-                                "token or max_tokens", "stop")
+    stop_strings(req.stop)
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     tokens = max_tokens_limit if wanted is None else wanted
     if not 1 <= tokens <= max_tokens_limit:
@@ -122,6 +121,26 @@ def check_sampling(req: _Sampling, max_tokens_limit: int) -> int:
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
         raise GatewayError(400, f"top_p = {req.top_p}: it must be in (0, 1]", "top_p")
     return tokens
+
+
+MAX_STOPS = 4
+"""OpenAI's limit on ``stop`` strings per call."""
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """A call's ``stop`` as a tuple (a 400 naming the limit when it has more than ``MAX_STOPS`` strings, an
+    empty one or one over 256 characters)."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > MAX_STOPS or any(not s or len(s) > 256 for s in stops):
+        raise GatewayError(400, f"stop = {stop!r}: send at most {MAX_STOPS} non-empty strings of at most 256 "
+                                "characters", "stop")
+    return stops
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` up to the first of ``stops`` it contains (excluded, as OpenAI's API returns it)."""
+    cuts = [text.find(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text
 
 
 def check_chat(req: ChatRequest) -> None:

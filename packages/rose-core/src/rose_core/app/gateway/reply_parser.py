@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rose_core.app.gateway.openai_api import POLICY_MODEL, GatewayError
+from rose_core.app.gateway.openai_api import POLICY_MODEL, GatewayError, cut_at_stop
 from rose_core.support.errors import ConfigError, require_extra
 
 VLLM_EXTRA = "vllm (rose-executor[cpu] on a CPU host, rose-executor[gpu] on a GPU one)"
@@ -79,20 +79,23 @@ class ReplyParser:
             raise GatewayError(400, f"the call's messages or tools are not OpenAI chat completion ones: {exc}",
                                "messages") from exc
 
-    def parse(self, request: Any, ids: Sequence[int]) -> ParsedReply:
-        """A whole reply (``ids`` without the end-of-turn token)."""
+    def parse(self, request: Any, ids: Sequence[int], stops: tuple[str, ...] = ()) -> ParsedReply:
+        """A whole reply (``ids`` without the end-of-turn token; its text cut at the first of ``stops``)."""
         parser = self._parser_cls(self._tokenizer, request.tools)
-        reasoning, content, calls = parser.parse(self.text(ids), request, enable_auto_tools=self.tools,
-                                                 model_output_token_ids=list(ids))
+        reasoning, content, calls = parser.parse(cut_at_stop(self.text(ids), stops), request,
+                                                 enable_auto_tools=self.tools, model_output_token_ids=list(ids))
         return ParsedReply(content=content, reasoning=reasoning, tool_calls=[_tool_call(c) for c in calls or []])
 
-    def deltas(self, request: Any, prompt: Sequence[int], ids: Sequence[int]) -> Iterator[dict[str, Any]]:
+    def deltas(self, request: Any, prompt: Sequence[int], ids: Sequence[int], stops: tuple[str, ...] = ()
+               ) -> Iterator[dict[str, Any]]:
         """The reply as ``vllm serve`` streams it: one delta per token the parser releases (content,
-        reasoning or tool-call fragments: OpenAI's ``choices[0].delta`` shape)."""
+        reasoning or tool-call fragments: OpenAI's ``choices[0].delta`` shape), the text ending at the first of
+        ``stops``."""
         parser = self._parser_cls(self._tokenizer, request.tools)
+        whole = cut_at_stop(self.text(ids), stops)
         sent, fed = "", 0
         for end in range(1, len(ids) + 1):
-            text = self.text(ids[:end])
+            text = self.text(ids[:end])[: len(whole)]
             if text.endswith("\ufffd") and end < len(ids):  # a character split across tokens: wait for the rest
                 continue
             delta = parser.parse_delta(text[len(sent):], list(ids[fed:end]), request, list(prompt),
