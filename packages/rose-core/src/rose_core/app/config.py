@@ -136,10 +136,25 @@ class GatewayConfig(ConfigSection):
     reasoning_parser: str = ""
     """vLLM's reasoning parser (``vllm serve --reasoning-parser``: ``deepseek_r1``, ``qwen3``...): replies then
     carry ``reasoning`` apart from ``content``; empty: none."""
+    max_connections: int = 256
+    """Connections served at once, by the gateway and by the trainer API each (a thread each); more get a 503."""
+    idle_timeout_s: float = 30.0
+    """The longest a connection may wait between a client's bytes (headers, body, the next keep-alive request)."""
+    max_sessions: int = 10_000
+    """Sessions held at once (open, or closed in a group not trained on yet); more get a 429."""
+    max_metadata_bytes: int = 16384
+    """A session's metadata, as JSON; more gets a 413."""
+    max_calls_per_session: int = 1000
+    """Calls (turns) per session; more get a 429."""
+    session_idle_s: float = 3600.0
+    """A group none of whose sessions was used for this long is dropped (its sessions then answer 404)."""
 
     def __post_init__(self) -> None:
         require_port(port=self.port)
-        require_positive(turn_timeout_s=self.turn_timeout_s)
+        require_positive(turn_timeout_s=self.turn_timeout_s, max_connections=self.max_connections,
+                         idle_timeout_s=self.idle_timeout_s, max_sessions=self.max_sessions,
+                         max_metadata_bytes=self.max_metadata_bytes, max_calls_per_session=self.max_calls_per_session,
+                         session_idle_s=self.session_idle_s)
         require_non_negative(step_timeout_s=self.step_timeout_s)
 
 

@@ -139,6 +139,9 @@ class TrainerConfig(ConfigSection):
     """External trainers: the tensor-parallel ranks that each publish their shard of a version."""
     timeout_s: float = 1800.0
     """External trainers: a step whose next version has not been published by then fails the run."""
+    key_file: str = ""
+    """External trainers: the bearer key of the trainer API (never the agents' gateway key, which gets a 403
+    there); empty: ``<run_dir>/trainer.key``, made 0600 on the first start and kept."""
 
     def __post_init__(self) -> None:
         if self.kind not in TRAINERS:

@@ -176,17 +176,17 @@ class Gateway:
             submitted = time.perf_counter()
             outcome = self._run(GatewayTurn(f"{session_id}/c{next(self._calls)}", session_id, prompt, sampling))
             turn_s = time.perf_counter() - submitted
-        except BaseException:
+            result = outcome.result
+            ids = [int(t) for t in result.output_token_ids]
+            logprobs = [float(x) for x in result.output_logprobs]
+            said = self.codec.decode(ids[:-1] if ids and ids[-1] == self.codec.eos_id else ids)
+            turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version,
+                        temperature=sampling.temperature, top_p=sampling.top_p)
+            self.table.finish_call(session_id, turn, key(ids, said))
+        except BaseException:  # whatever fails before the turn is recorded, the session is not left busy
             self.table.fail_call(session_id)
             raise
-        result = outcome.result
-        ids = [int(t) for t in result.output_token_ids]
-        logprobs = [float(x) for x in result.output_logprobs]
-        said = self.codec.decode(ids[:-1] if ids and ids[-1] == self.codec.eos_id else ids)
         text = cut_at_stop(said, sampling.stop)
-        turn = Turn(tuple(prompt), tuple(ids), tuple(logprobs), result.weight_version,
-                    temperature=sampling.temperature, top_p=sampling.top_p)
-        self.table.finish_call(session_id, turn, key(ids, said))
         finish = "length" if result.finish_reason == "length" else "stop"
         return Reply(session_id, len(prompt), ids, logprobs, text, finish, outcome, started, turn_s, list(prompt))
 

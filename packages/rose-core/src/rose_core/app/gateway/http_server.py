@@ -12,15 +12,28 @@ authentication, the routes below, JSON bodies and server-sent events for ``strea
 ``ApiServer`` is the same server over any routes (the external trainer's API, ``rose_core.app.jobs.external_trainer``).
 Every refusal is an OpenAI-shaped error with a 4xx/5xx status naming the fix; a handler's failure never
 reaches the server loop, so one bad request cannot stop the gateway or the sessions in flight.
+
+What a client without the key can hold (``ServerLimits``): connections that have not yet shown the key
+(a request with it) are at most half of ``max_connections``; a new connection past that closes the oldest of
+them (a slow or stalled client is shed, a well-behaved one that connects after it is served), and past
+``max_connections`` in all a new connection gets a 503 and is closed. Every connection waits at most
+``idle_timeout_s`` for a client's next bytes (headers, body, keep-alive). The key is checked before the body is
+read, so a keyless body is never read, and a body is at most ``MAX_BODY_BYTES``. One thread per connection:
+threads are bounded by ``max_connections``. A key another server's clients hold (``refused_keys``: the agents'
+key on the trainer API) gets a 403 that says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import re
+import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs
@@ -39,6 +52,14 @@ REFUSED_REQUESTS = Counter(
     "method), by server and status.",
     ["server", "status"],
 )
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_connections: int = 256
+    """Connections open at once (a thread each), at most half of them not yet proven by the key; more get a 503."""
+    idle_timeout_s: float = 30.0
+    """The longest wait for a client's next bytes (request line, headers, body, the next keep-alive request)."""
+
+
 Route = Callable[[Any, dict[str, str], bytes], Any]
 """(the API's object, the path's groups and the query's parameters, the body) -> a JSON value or SSE events."""
 
@@ -63,15 +84,95 @@ GATEWAY_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
 ]
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most ``limits.max_connections`` connections (a thread each), of which at
+    most half have not shown the key yet: past that, the oldest of those is shut down for the new one."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: ServerLimits) -> None:
+        super().__init__(address, handler)
+        self._max = limits.max_connections
+        self._max_unproven = max(1, limits.max_connections // 2)
+        self._open: set[socket.socket] = set()
+        self._unproven: OrderedDict[socket.socket, None] = OrderedDict()
+        self._guard = threading.Lock()
+        self.shed = 0
+        """Connections closed to make room (stalled ones shed, and 503s)."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._guard:
+            if len(self._unproven) >= self._max_unproven:
+                oldest, _ = self._unproven.popitem(last=False)
+                _shut(oldest)  # its thread sees the end of the stream and lets its slot go
+                self.shed += 1
+            admitted = len(self._open) < self._max
+            if admitted:
+                self._open.add(request)
+                self._unproven[request] = None
+        if not admitted:
+            self.shed += 1
+            REFUSED_REQUESTS.labels(getattr(self.RequestHandlerClass, "server_name", "rose-api"), "503").inc()
+            _refuse_connection(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def proven(self, request: socket.socket) -> None:
+        """The connection sent a request with the key: it is no longer shed for newcomers."""
+        with self._guard:
+            self._unproven.pop(request, None)
+
+    def connections(self) -> int:
+        with self._guard:
+            return len(self._open)
+
+    def _forget(self, request: socket.socket) -> None:
+        with self._guard:
+            self._open.discard(request)
+            self._unproven.pop(request, None)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed by its thread
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _refuse_connection(sock: socket.socket) -> None:
+    body = json_bytes(GatewayError(503, "too many connections (gateway.max_connections): retry later",
+                                   kind="unavailable").body())
+    head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    try:
+        sock.settimeout(0.0)
+        sock.send(head.encode() + b"Connection: close\r\n\r\n" + body)
+    except OSError:
+        pass  # a client that cannot take 200 bytes now gets only the close
+
+
 class ApiServer:
-    """Serves ``routes`` over ``target`` on ``host:port`` (0: a free port) from its own thread; ``url``."""
+    """Serves ``routes`` over ``target`` on ``host:port`` (0: a free port) from its own thread; ``url``.
+    ``refused_keys``: keys that get a 403 with their message (another server's clients' keys)."""
 
     def __init__(self, target: Any, routes: list[tuple[str, re.Pattern[str], Route]], key: str,
-                 host: str = "127.0.0.1", port: int = 0, name: str = "rose-api") -> None:
-        handler = type("Handler", (_Handler,), {"target": target, "routes": routes, "key": key.encode(),
-                                                "server_name": name})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+                 host: str = "127.0.0.1", port: int = 0, name: str = "rose-api",
+                 limits: ServerLimits | None = None, refused_keys: Mapping[str, str] | None = None) -> None:
+        limits = limits or ServerLimits()
+        handler = type("Handler", (_Handler,), {
+            "target": target, "routes": routes, "key": key.encode(), "server_name": name,
+            "timeout": limits.idle_timeout_s,
+            "refused_keys": {k.encode(): message for k, message in (refused_keys or {}).items()}})
+        self._server = _BoundedServer((host, port), handler, limits)
         self.url = f"http://{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=name, daemon=True)
@@ -79,6 +180,14 @@ class ApiServer:
     def start(self) -> Self:
         self._thread.start()
         return self
+
+    def connections(self) -> int:
+        """Connections open now (one thread each)."""
+        return self._server.connections()
+
+    @property
+    def shed(self) -> int:
+        return self._server.shed
 
     def close(self) -> None:
         self._server.shutdown()
@@ -89,8 +198,9 @@ class ApiServer:
 class GatewayServer(ApiServer):
     """The rollout gateway's server; closing it fails the calls still waiting for their turns."""
 
-    def __init__(self, gateway: Gateway, key: str, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(gateway, GATEWAY_ROUTES, key, host, port, name="rose-gateway")
+    def __init__(self, gateway: Gateway, key: str, host: str = "127.0.0.1", port: int = 0,
+                 limits: ServerLimits | None = None) -> None:
+        super().__init__(gateway, GATEWAY_ROUTES, key, host, port, name="rose-gateway", limits=limits)
         self.gateway = gateway
         gateway.base_url = self.url
 
@@ -110,6 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
     routes: list[tuple[str, re.Pattern[str], Route]]
     key: bytes
     server_name: str
+    refused_keys: dict[bytes, str]
 
     def send_response(self, code: int, message: str | None = None) -> None:
         """Every status goes through here (ours and the stdlib's own 400s for a malformed request line or
@@ -129,13 +240,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         try:
-            body = self._body()
             path, _, query = self.path.partition("?")
             if path == "/health":
+                self._body()
                 self._json(200, {"status": "ok"})
                 return
             self._authenticate()
-            result = self._route(method, path, query, body)
+            result = self._route(method, path, query, self._body())
         except GatewayError as exc:
             self._json(exc.status, exc.body())
             return
@@ -157,19 +268,30 @@ class _Handler(BaseHTTPRequestHandler):
             raise GatewayError(411, "chunked request bodies are not supported: send Content-Length")
         if length is None:
             return b""
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
             self.close_connection = True
             raise GatewayError(413, f"the body must have a Content-Length of at most {MAX_BODY_BYTES} bytes")
         return self.rfile.read(int(length))
 
     def _authenticate(self) -> None:
+        """Before the body is read: a refused request leaves its body unread, so its connection is closed."""
         given = self.headers.get("Authorization", "")
         if not given.startswith("Bearer "):
+            self.close_connection = True
             raise GatewayError(401, "missing bearer key: send `Authorization: Bearer <key>` with the contents of "
                                     "the gateway's key file (the openai client's api_key)", kind="authentication_error")
-        if not hmac.compare_digest(given[len("Bearer "):].strip().encode(), self.key):
-            raise GatewayError(401, "wrong bearer key: use the contents of the key file `rose run` printed",
-                               kind="authentication_error")
+        sent = given[len("Bearer "):].strip().encode()
+        if hmac.compare_digest(sent, self.key):
+            server = self.server
+            if isinstance(server, _BoundedServer):
+                server.proven(self.connection)
+            return
+        self.close_connection = True
+        for other, message in self.refused_keys.items():
+            if hmac.compare_digest(sent, other):
+                raise GatewayError(403, message, kind="permission_error")
+        raise GatewayError(401, "wrong bearer key: use the contents of the key file `rose run` printed",
+                           kind="authentication_error")
 
     def _route(self, method: str, path: str, query: str, body: bytes) -> Any:
         known = False

@@ -6,13 +6,21 @@ complete groups, oldest first, ``prompts_per_step`` at a time, and trains on the
 sessions are gone: a call to one gets a 404.
 
 Thread-safe: HTTP handler threads open, call and close sessions while the controller thread takes groups;
-every method holds the table's lock, and nothing slow (tokenising aside) runs under it.
+every method holds the table's lock, and nothing slow runs under it (a call's prompt is tokenised outside it,
+while the session is marked busy: no other thread touches that history then).
+
+Bounded (``SessionLimits``): open sessions, a session's metadata and its calls are capped (429 / 413 past
+them), and a group none of whose sessions was used for ``idle_s`` is dropped whole (its sessions answer 404
+after), so agents that vanish cannot fill the controller's memory.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +28,20 @@ from typing import Any
 from rose_core.app.gateway.openai_api import GatewayError
 from rose_core.app.gateway.session_history import SessionHistory
 from rose_core.app.rl.algorithm.trajectory import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_sessions: int = 10_000
+    """Sessions held at once (open, or closed in a group not yet trained on)."""
+    max_metadata_bytes: int = 16 << 10
+    """A session's metadata, as JSON."""
+    max_calls: int = 1_000
+    """Calls (turns) per session."""
+    idle_s: float = 3_600.0
+    """A group none of whose sessions was opened, called or closed for this long is dropped."""
 
 
 @dataclass(slots=True)
@@ -32,6 +54,8 @@ class Session:
     calls: int = 0
     busy: bool = False
     closed: bool = False
+    used: float = 0.0
+    """The clock's time of the session's last open, call or close."""
 
 
 @dataclass(slots=True)
@@ -42,12 +66,17 @@ class _Group:
 
 
 class SessionTable:
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, limits: SessionLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.group_size = group_size
+        self.limits = limits or SessionLimits()
+        self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._groups: dict[str, _Group] = {}
         self._complete: list[str] = []
         self._serial = 0
+        self._swept = 0.0
+        self.expired_groups = 0
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- HTTP threads
@@ -55,7 +84,17 @@ class SessionTable:
     def open(self, group: str, metadata: dict[str, Any]) -> Session:
         if not group or len(group) > 200:
             raise GatewayError(400, "group must be a non-empty id of at most 200 characters", "group")
+        size = len(json.dumps(metadata))
+        if size > self.limits.max_metadata_bytes:
+            raise GatewayError(413, f"the session's metadata is {size} bytes of JSON, over "
+                                    f"{self.limits.max_metadata_bytes} (gateway.max_metadata_bytes)", "metadata")
         with self._lock:
+            now = self._clock()
+            self._expire(now)
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise GatewayError(429, f"{len(self._sessions)} sessions are held, the most the gateway keeps "
+                                        "(gateway.max_sessions): send the rewards of open ones, or retry later",
+                                   kind="rate_limit_error")
             entry = self._groups.get(group)
             if entry is None:
                 self._serial += 1
@@ -65,22 +104,32 @@ class SessionTable:
                                         "start another group", "group", "conflict_error")
             session_id = secrets.token_hex(8)
             trajectory = Trajectory(trajectory_id=session_id, group_id=f"{group}#{entry.serial}", env_seed=0)
-            session = self._sessions[session_id] = Session(session_id, group, trajectory, dict(metadata))
+            session = self._sessions[session_id] = Session(session_id, group, trajectory, dict(metadata), used=now)
             entry.sessions.append(session_id)
             return session
 
     def begin_call(self, session_id: str, prompt: Callable[[SessionHistory], list[int]]) -> list[int]:
-        """Mark the session busy and build the call's prompt from its history (``prompt`` runs under the lock:
-        it only tokenises what is new)."""
+        """Mark the session busy, then build the call's prompt from its history outside the lock (``prompt``
+        tokenises what is new; the busy session's history is this thread's alone). A ``prompt`` that fails
+        leaves the session as it was."""
         with self._lock:
             session = self._open_session(session_id)
             if session.busy:
                 raise GatewayError(409, f"session {session_id} has a call in flight: one call at a time per session "
                                         "(each is one turn; open one session per parallel sample)",
                                    kind="conflict_error")
-            tokens = prompt(session.history)
+            if session.calls >= self.limits.max_calls:
+                raise GatewayError(429, f"session {session_id} made {session.calls} calls, the most a session may "
+                                        "(gateway.max_calls_per_session): send its reward and open another",
+                                   kind="rate_limit_error")
             session.busy = True
-            return tokens
+            session.used = self._clock()
+        try:
+            return prompt(session.history)
+        except BaseException:
+            with self._lock:
+                session.busy = False
+            raise
 
     def finish_call(self, session_id: str, turn: Turn, key: str | None) -> None:
         with self._lock:
@@ -89,6 +138,7 @@ class SessionTable:
             session.trajectory.add_turn(turn)
             session.calls += 1
             session.busy = False
+            session.used = self._clock()
 
     def fail_call(self, session_id: str) -> None:
         """The call in flight did not finish (timeout, job stopping): its prompt tokens are taken back."""
@@ -110,6 +160,7 @@ class SessionTable:
             session.trajectory.total_reward = float(reward)
             session.trajectory.finish(success=reward > 0 if success is None else success)
             session.closed = True
+            session.used = self._clock()
             group = self._groups[session.group]
             group.closed += 1
             if group.closed == self.group_size:
@@ -140,6 +191,23 @@ class SessionTable:
         with self._lock:
             return sum(not s.closed for s in self._sessions.values()), len(self._complete)
 
+    def _expire(self, now: float) -> None:
+        """Drop the incomplete groups idle for ``limits.idle_s`` (at most one sweep a second; under the lock)."""
+        if now - self._swept < min(1.0, self.limits.idle_s):
+            return
+        self._swept = now
+        complete = set(self._complete)
+        stale = [name for name, group in self._groups.items() if name not in complete and all(
+            not self._sessions[sid].busy and now - self._sessions[sid].used > self.limits.idle_s
+            for sid in group.sessions)]
+        for name in stale:
+            for sid in self._groups.pop(name).sessions:
+                del self._sessions[sid]
+        if stale:
+            self.expired_groups += len(stale)
+            log.warning("gateway: dropped %d group(s) idle for over %.0f s (gateway.session_idle_s)", len(stale),
+                        self.limits.idle_s)
+
     def _open_session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
@@ -152,4 +220,5 @@ class SessionTable:
 
 def _unknown(session_id: str) -> GatewayError:
     return GatewayError(404, f"unknown session {session_id!r}: open one with POST /sessions (a session is gone once "
-                             "its group was trained on)", kind="not_found_error")
+                             "its group was trained on, or dropped idle: gateway.session_idle_s)",
+                        kind="not_found_error")

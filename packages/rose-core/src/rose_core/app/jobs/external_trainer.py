@@ -12,6 +12,7 @@ mid-step pulls it again and loses nothing.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -114,9 +115,12 @@ class ExternalTrainer:
 
 def _wait_s(params: dict[str, str]) -> float:
     try:
-        return float(params.get("wait_s", "0"))
+        wait_s = float(params.get("wait_s", "0"))
     except ValueError as exc:
         raise GatewayError(400, f"wait_s = {params['wait_s']!r}: pass seconds (a number)", "wait_s") from exc
+    if not (math.isfinite(wait_s) and wait_s >= 0.0):
+        raise GatewayError(400, f"wait_s = {params['wait_s']!r}: pass a finite number of seconds >= 0", "wait_s")
+    return wait_s
 
 
 TRAINER_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [

@@ -25,9 +25,9 @@ from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.job_hooks import AcceptedTurn, TurnPayload
 from rose_core.app.gateway.chat_template import ChatTemplate
 from rose_core.app.gateway.gateway import Gateway, GatewayLimits
-from rose_core.app.gateway.http_server import GatewayServer
+from rose_core.app.gateway.http_server import GatewayServer, ServerLimits
 from rose_core.app.gateway.reply_parser import ReplyParser
-from rose_core.app.gateway.session_table import SessionTable
+from rose_core.app.gateway.session_table import SessionLimits, SessionTable
 from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
 from rose_core.app.jobs.rl_job import RLJob
 from rose_core.app.jobs.step_rollout import StepRollout
@@ -39,18 +39,33 @@ log = logging.getLogger(__name__)
 
 
 def gateway_key(config: RunConfig) -> tuple[str, Path]:
-    """The bearer key of the gateway and the trainer API, and its file: ``gateway.key_file`` as it is, else a
-    new one in ``<run_dir>/gateway.key`` (mode 0600). Called once per job."""
-    chosen = config.gateway.key_file
-    path = Path(chosen or Path(config.run_dir) / "gateway.key").expanduser().resolve()
-    if chosen:
+    """The agents' bearer key (the gateway's), and its file: ``gateway.key_file``, else ``<run_dir>/gateway.key``."""
+    return bearer_key(config.gateway.key_file, Path(config.run_dir) / "gateway.key", "gateway.key_file")
+
+
+def trainer_key(config: RunConfig) -> tuple[str, Path]:
+    """The external trainer's bearer key (the trainer API's; never an agent's), and its file:
+    ``rl.trainer.key_file``, else ``<run_dir>/trainer.key``."""
+    return bearer_key(config.rl.trainer.key_file, Path(config.run_dir) / "trainer.key", "rl.trainer.key_file")
+
+
+def server_limits(config: RunConfig) -> ServerLimits:
+    """The gateway's and the trainer API's connection limits (``[gateway]``)."""
+    return ServerLimits(max_connections=config.gateway.max_connections, idle_timeout_s=config.gateway.idle_timeout_s)
+
+
+def bearer_key(chosen: str, default: Path, setting: str) -> tuple[str, Path]:
+    """A key and its file: ``chosen`` as it is (at least 16 characters), else ``default``: the key already there
+    (a restarted job keeps its clients' key), or a new one written 0600. Called once per job."""
+    path = Path(chosen or default).expanduser().resolve()
+    if chosen or path.is_file():
         try:
             key = path.read_text().strip()
         except OSError as exc:
-            raise RoseError(f"cannot read gateway.key_file {path} ({exc}): fix the path, or leave it empty for a "
+            raise RoseError(f"cannot read {setting} {path} ({exc}): fix the path, or leave it empty for a "
                             "new key") from exc
         if len(key) < 16:
-            raise RoseError(f"gateway.key_file {path} holds a key of {len(key)} characters: use at least 16")
+            raise RoseError(f"{setting} {path} holds a key of {len(key)} characters: use at least 16")
         return key, path
     key = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,14 +80,16 @@ class GatewayJob(RLJob):
                  **kwargs: Any) -> None:
         super().__init__(controller, config, *args, **kwargs)
         rl, gw = config.rl, config.gateway
-        self.table = SessionTable(rl.group_size)
+        self.table = SessionTable(rl.group_size, SessionLimits(
+            max_sessions=gw.max_sessions, max_metadata_bytes=gw.max_metadata_bytes,
+            max_calls=gw.max_calls_per_session, idle_s=gw.session_idle_s))
         self.bridge = TurnBridge(controller.wake)
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
                                temperature=rl.sampling.temperature, turn_timeout_s=gw.turn_timeout_s)
         template = _chat_template(policy_dir)
         self.gateway = Gateway(self.table, self.bridge, self.codec, template, limits,
                                parser=_reply_parser(gw.tool_parser, gw.reasoning_parser, template))
-        self.server = GatewayServer(self.gateway, key, gw.host, gw.port).start()
+        self.server = GatewayServer(self.gateway, key, gw.host, gw.port, server_limits(config)).start()
         self.closers.append(self.server.close)
         self.accepting = False
 

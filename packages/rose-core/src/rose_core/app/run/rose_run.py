@@ -148,10 +148,10 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
 
     models = resolve_models(config)
     rl = config.rl
-    from rose_core.app.jobs.gateway_job import GatewayJob, gateway_key
+    from rose_core.app.jobs.gateway_job import GatewayJob, gateway_key, trainer_key
 
     external = rl.trainer.external
-    key, key_path = gateway_key(config) if external or rl.env == GATEWAY_ENV else ("", Path())
+    key, key_path = gateway_key(config) if rl.env == GATEWAY_ENV else ("", Path())
     trainer = (ExternalTrainer(rl.trainer.ranks, wake=controller.wake) if external
                else PolicyTrainer.from_config(models.policy, rl))
     args = (controller, config, load_tokenizer(models.policy), trainer, publisher, load)
@@ -164,20 +164,27 @@ def _make_job(config: RunConfig, controller: Controller, publisher: WeightPublis
     else:
         job = RLJob(*args, **options)
     if isinstance(trainer, ExternalTrainer):
-        api = _open_trainer_api(job, trainer, publisher, key, config, intake_key=launch.secret)
-        say(f"trainer-api {api.url} key-file {key_path} intake {trainer.intake} ranks {trainer.ranks}")
+        trainer_secret, trainer_path = trainer_key(config)
+        refused = {key: "this is the agents' gateway key: the trainer API takes the trainer's key "
+                        f"({trainer_path}, rl.trainer.key_file)"} if key else {}
+        api = _open_trainer_api(job, trainer, publisher, trainer_secret, config, intake_key=launch.secret,
+                                refused_keys=refused)
+        say(f"trainer-api {api.url} key-file {trainer_path} intake {trainer.intake} ranks {trainer.ranks}")
     return job
 
 
 def _open_trainer_api(job: RLJob, trainer: ExternalTrainer, publisher: WeightPublisher, key: str,
-                      config: RunConfig, *, intake_key: bytes) -> ApiServer:
+                      config: RunConfig, *, intake_key: bytes, refused_keys: dict[str, str]) -> ApiServer:
     """The external trainer's doors: the shard intake it publishes through (its ranks sign with the secret,
     ``intake_key``, which executors do not hold), and the API it pulls batches from."""
     from rose_core.app.jobs.external_trainer import TRAINER_ROUTES
 
     trainer.intake = publisher.open_shard_intake(trainer.ranks, timeout=config.rl.trainer.timeout_s,
                                                  on_publish=trainer.published, key=intake_key)
-    server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api").start()
+    from rose_core.app.jobs.gateway_job import server_limits
+
+    server = ApiServer(trainer, TRAINER_ROUTES, key, config.gateway.host, 0, name="rose-trainer-api",
+                       limits=server_limits(config), refused_keys=refused_keys).start()
     job.closers.append(server.close)
     return server
 
