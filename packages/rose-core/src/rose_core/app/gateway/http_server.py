@@ -30,6 +30,7 @@ import hmac
 import logging
 import re
 import socket
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -90,6 +91,9 @@ class _BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 1024
+    """The listen backlog (the standard library's 5 drops connections arriving in a burst: clients retry their
+    SYN after a second)."""
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: ServerLimits) -> None:
         super().__init__(address, handler)
@@ -128,6 +132,14 @@ class _BoundedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._forget(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, broken pipe, shed) is routine: logged at debug, not printed."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug("connection from %s ended: %s", client_address, error)
+            return
+        log.exception("connection from %s failed", client_address)
 
     def proven(self, request: socket.socket) -> None:
         """The connection sent a request with the key: it is no longer shed for newcomers."""
