@@ -219,3 +219,39 @@ def test_request_checks_name_the_field() -> None:
     with pytest.raises(GatewayError, match="invalid completion body") as typed:
         decode(b'{"prompt": 5}', CompletionRequest, "completion")
     assert typed.value.param == "prompt"
+
+
+def test_complete_groups_are_journaled_until_dropped_and_a_new_table_takes_them_back(tmp_path) -> None:
+    """A controller that restarts (``--resume``) finds the complete groups a checkpoint did not cover yet: the
+    table writes each one whole when its last reward closes it; a later process recovers them (and the
+    directory is emptied), restores them as complete, and takes the same trajectories; dropped groups are gone."""
+    from rose_core.app.gateway.group_journal import GroupJournal
+    from rose_core.app.gateway.session_table import serial_of
+
+    journal = GroupJournal(tmp_path / "groups")
+    table = SessionTable(group_size=2, journal=journal)
+    for name in ("first", "second", "open"):
+        for member in range(2 if name != "open" else 1):
+            sid = table.open(name, {}).session_id
+            table.begin_call(sid, lambda history: history.prompt_for_tokens([1, 2]))
+            table.finish_call(sid, _turn(), key=None)
+            if name != "open":
+                table.close(sid, reward=float(member), success=None)
+    first, second = table.take_groups(2)
+    journal.drop([serial_of(first[0])])  # a checkpoint covered the step that trained "first"
+
+    (recovered,) = GroupJournal(tmp_path / "groups").recover()  # the restarted process
+    assert recovered.name == "second" and not list((tmp_path / "groups").iterdir())
+    restarted = SessionTable(group_size=2)
+    restarted.restore([recovered])
+    (again,) = restarted.take_groups(5)
+    assert [(t.trajectory_id, t.total_reward, t.turns) for t in again] == \
+        [(t.trajectory_id, t.total_reward, t.turns) for t in second]
+    assert restarted.open("new", {}).session_id  # new sessions go on as before
+
+
+def test_an_unreadable_journal_file_is_skipped(tmp_path) -> None:
+    from rose_core.app.gateway.group_journal import GroupJournal
+
+    (tmp_path / "000000000001.msgpack").write_bytes(b"\x00not msgpack")
+    assert GroupJournal(tmp_path).recover() == [] and not list(tmp_path.iterdir())

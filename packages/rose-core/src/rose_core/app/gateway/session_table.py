@@ -9,6 +9,10 @@ Thread-safe: HTTP handler threads open, call and close sessions while the contro
 every method holds the table's lock, and nothing slow runs under it (a call's prompt is tokenised outside it,
 while the session is marked busy: no other thread touches that history then).
 
+Complete groups are written to a ``GroupJournal`` (when the job checkpoints) until a checkpoint covers the step
+that trained them; a resumed job ``restore``s them. Sessions still open when the controller stops are not kept:
+their next call gets a 404 that says to open a new session and play the episode again.
+
 Bounded (``SessionLimits``): open sessions, a session's metadata and its calls are capped (429 / 413 past
 them), and a group none of whose sessions was used for ``idle_s`` is dropped whole (its sessions answer 404
 after), so agents that vanish cannot fill the controller's memory.
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rose_core.app.gateway.group_journal import GroupJournal, JournaledGroup
 from rose_core.app.gateway.openai_api import GatewayError
 from rose_core.app.gateway.session_history import SessionHistory
 from rose_core.app.rl.algorithm.trajectory import Trajectory, Turn
@@ -67,9 +72,11 @@ class _Group:
 
 class SessionTable:
     def __init__(self, group_size: int, limits: SessionLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, journal: GroupJournal | None = None) -> None:
         self.group_size = group_size
         self.limits = limits or SessionLimits()
+        self.journal = journal
+        """Where complete groups are written until a checkpoint covers them (``group_journal``); None: nowhere."""
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._groups: dict[str, _Group] = {}
@@ -163,9 +170,31 @@ class SessionTable:
             session.used = self._clock()
             group = self._groups[session.group]
             group.closed += 1
-            if group.closed == self.group_size:
+            complete = group.closed == self.group_size
+            if complete:
                 self._complete.append(session.group)
-            return session
+                done = JournaledGroup(group.serial, session.group,
+                                      [self._sessions[sid].trajectory for sid in group.sessions])
+        if complete and self.journal is not None:
+            try:
+                self.journal.save(done)  # outside the lock: a file write
+            except OSError as exc:
+                log.warning("gateway: could not journal group %s (%s): a restart before the next checkpoint "
+                            "loses it", session.group, exc)
+        return session
+
+    def restore(self, groups: list[JournaledGroup]) -> None:
+        """Put journaled groups back as complete (a resumed job trains them again), oldest first."""
+        with self._lock:
+            for journaled in groups:
+                entry = self._groups[journaled.name] = _Group(journaled.serial, closed=len(journaled.trajectories))
+                for trajectory in journaled.trajectories:
+                    self._sessions[trajectory.trajectory_id] = Session(
+                        trajectory.trajectory_id, journaled.name, trajectory, {}, calls=len(trajectory.turns),
+                        closed=True, used=self._clock())
+                    entry.sessions.append(trajectory.trajectory_id)
+                self._complete.append(journaled.name)
+                self._serial = max(self._serial, journaled.serial)
 
     def get(self, session_id: str) -> Session:
         with self._lock:
@@ -218,7 +247,13 @@ class SessionTable:
         return session
 
 
+def serial_of(trajectory: Trajectory) -> int:
+    """The serial of the group a session's trajectory belongs to (its ``group_id`` is ``<group>#<serial>``)."""
+    return int(trajectory.group_id.rsplit("#", 1)[1])
+
+
 def _unknown(session_id: str) -> GatewayError:
     return GatewayError(404, f"unknown session {session_id!r}: open one with POST /sessions (a session is gone once "
-                             "its group was trained on, or dropped idle: gateway.session_idle_s)",
+                             "its group was trained on, dropped idle (gateway.session_idle_s), or in flight when the "
+                             "controller restarted: open a new session and play the episode again)",
                         kind="not_found_error")

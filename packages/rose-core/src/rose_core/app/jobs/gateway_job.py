@@ -25,11 +25,13 @@ from rose_core.app.controller.controller import Controller
 from rose_core.app.controller.job_hooks import AcceptedTurn, TurnPayload
 from rose_core.app.gateway.chat_template import ChatTemplate
 from rose_core.app.gateway.gateway import Gateway, GatewayLimits
+from rose_core.app.gateway.group_journal import GroupJournal
 from rose_core.app.gateway.http_server import GatewayServer, ServerLimits
 from rose_core.app.gateway.reply_parser import ReplyParser
-from rose_core.app.gateway.session_table import SessionLimits, SessionTable
+from rose_core.app.gateway.session_table import SessionLimits, SessionTable, serial_of
 from rose_core.app.gateway.turn_bridge import TurnBridge, TurnOutcome
 from rose_core.app.jobs.rl_job import RLJob
+from rose_core.app.jobs.step_report import StepReport
 from rose_core.app.jobs.step_rollout import StepRollout
 from rose_core.protocol.messages import StepStarted
 from rose_core.scheduler import GivenUp, TurnTicket
@@ -47,6 +49,15 @@ def trainer_key(config: RunConfig) -> tuple[str, Path]:
     """The external trainer's bearer key (the trainer API's; never an agent's), and its file:
     ``rl.trainer.key_file``, else ``<run_dir>/trainer.key``."""
     return bearer_key(config.rl.trainer.key_file, Path(config.run_dir) / "trainer.key", "rl.trainer.key_file")
+
+
+def _group_journal(config: RunConfig) -> GroupJournal | None:
+    """Where complete groups wait for the checkpoint that covers them; none when the job does not checkpoint
+    (nothing to resume from)."""
+    rl = config.rl
+    if rl.checkpoint.every <= 0:
+        return None
+    return GroupJournal(Path(rl.checkpoint.dir or Path(config.run_dir) / "checkpoints") / "gateway-groups")
 
 
 def server_limits(config: RunConfig) -> ServerLimits:
@@ -80,9 +91,16 @@ class GatewayJob(RLJob):
                  **kwargs: Any) -> None:
         super().__init__(controller, config, *args, **kwargs)
         rl, gw = config.rl, config.gateway
+        journal = _group_journal(config)
+        self._recovered = journal.recover() if journal is not None else []
+        if self._recovered:
+            log.info("gateway: %d complete group(s) journaled before a restart: trained again with --resume, "
+                     "discarded otherwise", len(self._recovered))
+        self._trained: dict[int, list[int]] = {}
+        """Step -> the serials of the groups it trained (their journal files go once a checkpoint covers it)."""
         self.table = SessionTable(rl.group_size, SessionLimits(
             max_sessions=gw.max_sessions, max_metadata_bytes=gw.max_metadata_bytes,
-            max_calls=gw.max_calls_per_session, idle_s=gw.session_idle_s))
+            max_calls=gw.max_calls_per_session, idle_s=gw.session_idle_s), journal=journal)
         self.bridge = TurnBridge(controller.wake)
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
                                temperature=rl.sampling.temperature, turn_timeout_s=gw.turn_timeout_s)
@@ -133,9 +151,30 @@ class GatewayJob(RLJob):
             payload = TurnPayload(np.asarray(turn.prompt_token_ids, dtype=np.int32), turn.sampling, rollout.step)
             self.controller.submit_turn(TurnTicket(turn.turn_id, turn.session_id, lo, hi, now, payload=payload))
 
+    def resume(self, path: Path) -> int:
+        """RLJob's resume, and the complete groups journaled before the restart back in the table."""
+        step = super().resume(path)
+        if self._recovered and self.table.journal is not None:
+            for group in self._recovered:
+                self.table.journal.save(group)
+            self.table.restore(self._recovered)
+            log.info("gateway: %d complete group(s) from before the restart are waiting to be trained",
+                     len(self._recovered))
+        self._recovered = []
+        return step
+
+    def checkpoint(self, step: int, report: StepReport, *, last: bool = False) -> str:
+        """RLJob's checkpoint; once written, the journal forgets the groups of the steps it covers."""
+        path = super().checkpoint(step, report, last=last)
+        if path and self.table.journal is not None:
+            covered = [s for s in self._trained if s <= step]
+            self.table.journal.drop([serial for s in covered for serial in self._trained.pop(s)])
+        return path
+
     def _take_groups(self, rollout: StepRollout) -> None:
         wanted = self.config.rl.prompts_per_step
         for group in self.table.take_groups(wanted - rollout.groups):
+            self._trained.setdefault(rollout.step, []).append(serial_of(group[0]))
             for trajectory in group:
                 rollout.sessions.append(trajectory)
                 self.controller.finish_trajectory(trajectory.trajectory_id)
