@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory_rows import rows_of
 from rose_core.app.rl.demo.models import ensure_models
-from rose_core.app.rl.trainer.packed_batch import rows_of
 from rose_core.app.rl.trainer.trainer import PolicyTrainer
 
 

@@ -1,5 +1,6 @@
 """`rose run` with `rl.trainer = "external"`: ROSE rolls out (FrozenLake, both pools) and a trainer outside it,
-here in the test process, pulls each step's batch from the trainer API, trains ROSE's reference trainer on it
+here in the test process, pulls each step's batch from the trainer API with the package's client
+(`rose_core.app.trainer_client`: one sequence per trajectory, binary) and the trainer's own key, trains ROSE's reference trainer on it
 (any trainer would do), and publishes the next version itself through the shard intake; the job announces it
 and the next step's turns run on it. Real engines, real sockets, a real trainer and publisher."""
 
@@ -12,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.demo.models import ensure_models
 from rose_core.app.rl.trainer.trainer import PolicyTrainer
+from rose_core.app.trainer_client import TrainerClient
 from rose_core.protocol.auth import load_secret
 from rose_transfer import ShardPublisher
 from rose_transfer.plan.engine_layout import to_engine_layout
@@ -34,36 +35,26 @@ eval.every = 0
 """
 
 
-def samples_of(batch: dict[str, Any]) -> list[TrainSample]:
-    out = []
-    for s in batch["samples"]:
-        n = s["prompt_length"]
-        assert s["mask"] == [0] * n + [1] * (len(s["tokens"]) - n)
-        out.append(TrainSample(trajectory_id=s["trajectory_id"], turn_index=s["turn_index"],
-                               prompt_token_ids=tuple(s["tokens"][:n]), response_token_ids=tuple(s["tokens"][n:]),
-                               behaviour_logprobs=tuple(s["behaviour_logprobs"][n:]),
-                               weight_version=s["weight_version"], advantage=s["advantage"]))
-    return out
-
-
 def external_trainer(api: str, key: str, secret: bytes, policy: Path, seen: list[dict[str, Any]]) -> None:
-    """Pull, train, publish, for every step of the run."""
+    """Pull (the packed binary batch, with the package's client, as data-parallel rank 0 of 1), train, publish,
+    for every step of the run; the first step's JSON form is checked against the binary one."""
     trainer = PolicyTrainer(policy, lr=1e-3, seed=0)
-    http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=90)
+    client = TrainerClient(api, key, rank=0, world=1, timeout_s=90)
     while len(seen) < STEPS:
-        resp = http.get(f"{api}/trainer/next", params={"wait_s": 30})
-        if resp.status_code == 204:
-            continue
-        resp.raise_for_status()
-        batch = resp.json()
-        if seen and batch["step"] == seen[-1]["step"]:
-            continue  # still offered: its version is on its way
-        stats = trainer.train_step(samples_of(batch))
+        batch = client.next_batch(wait_s=30, after=seen[-1]["step"] if seen else None)
+        if batch is None:
+            continue  # none yet, or still the one trained: its version is on its way
+        samples = batch.train_samples()
+        if not seen:
+            as_json = httpx.get(f"{api}/trainer/next", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+            assert sorted((s["trajectory_id"], s["turn_index"]) for s in as_json["samples"]) == \
+                sorted((s.trajectory_id, s.turn_index) for s in samples)
+        stats = trainer.train_step(samples)
         tensors = to_engine_layout(trainer.export_weights(), trainer.engine_layout())
-        with ShardPublisher(secret=secret, intake=batch["intake"], rank=0, ranks=batch["ranks"]) as publisher:
-            announce = publisher.publish_shard(batch["publish_version"], batch["step"], tensors)
-        seen.append({"step": batch["step"], "version": announce.version, "samples": len(batch["samples"]),
-                     "trajectories": len(batch["trajectories"]), "loss": stats.loss})
+        with ShardPublisher(secret=secret, intake=batch.wire.intake, rank=0, ranks=batch.wire.ranks) as publisher:
+            announce = publisher.publish_shard(batch.publish_version, batch.step, tensors)
+        seen.append({"step": batch.step, "version": announce.version, "samples": len(samples),
+                     "trajectories": len(set(batch.wire.row_trajectories)), "loss": stats.loss})
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 from rose_core.app.rl.algorithm.loss_settings import LossSettings
 from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory_rows import rows_of
 from rose_core.app.rl.demo.models import ModelPaths
-from rose_core.app.rl.trainer.packed_batch import rows_of
 from rose_core.app.rl.trainer.trainer import PolicyTrainer
 
 

@@ -270,6 +270,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(204, None)
         elif isinstance(result, dict):
             self._json(200, result)
+        elif isinstance(result, bytes):
+            self._binary(result)
         else:
             self._stream(result)
 
@@ -327,6 +329,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)  # buffered (``wbufsize``): headers and body leave in one write, at the flush
+
+    def _binary(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/msgpack")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
         self.send_response(200)

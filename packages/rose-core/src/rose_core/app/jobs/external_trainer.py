@@ -22,6 +22,7 @@ from typing import Any
 
 from rose_core.app.gateway.http_server import Route
 from rose_core.app.gateway.openai_api import GatewayError
+from rose_core.app.jobs import trainer_batch
 from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.algorithm.trajectory import Trajectory
 from rose_core.protocol.messages import WeightAnnounce
@@ -51,6 +52,9 @@ class ExternalTrainer:
         """The shard intake's ``tcp://`` source (set once the publisher opened it)."""
         self._wake = wake
         self._batch: dict[str, Any] | None = None
+        self._samples: Sequence[TrainSample] = ()
+        self._encoded: dict[tuple[int, int, int], bytes] = {}
+        """(step, rank, world) -> the rank's binary batch, built once."""
         self._published: dict[int, Future[WeightAnnounce]] = {}
         self._changed = threading.Condition()
 
@@ -65,6 +69,8 @@ class ExternalTrainer:
                                   for t in trajectories]}
         with self._changed:
             self._batch = batch
+            self._samples = samples
+            self._encoded = {}
             self._changed.notify_all()
 
     def published_version(self, version: int) -> Future[WeightAnnounce]:
@@ -107,6 +113,21 @@ class ExternalTrainer:
                 self._changed.wait(left)
             return self._batch
 
+    def next_rank_batch(self, wait_s: float, rank: int, world: int) -> bytes | None:
+        """``next_batch``'s batch in its binary form, rank ``rank`` of ``world`` data-parallel ranks'
+        (``trainer_batch``); None when there is none yet."""
+        batch = self.next_batch(wait_s)
+        if batch is None:
+            return None
+        with self._changed:
+            if self._batch is not batch:  # published meanwhile: the next pull gets the next one
+                return None
+            key = (int(batch["step"]), rank, world)
+            if key not in self._encoded:
+                header = {name: batch[name] for name in ("step", "base_version", "publish_version", "intake", "ranks")}
+                self._encoded[key] = trainer_batch.encode(trainer_batch.rank_batch(self._samples, header, rank, world))
+            return self._encoded[key]
+
     def status(self) -> dict[str, Any]:
         with self._changed:
             return {"intake": self.intake, "ranks": self.ranks, "published_versions": sorted(v for v, f in self._published.items() if f.done()),
@@ -123,8 +144,22 @@ def _wait_s(params: dict[str, str]) -> float:
     return wait_s
 
 
+def _rank(params: dict[str, str]) -> tuple[int, int]:
+    """``rank`` and ``world`` (data-parallel), a 400 naming the fix unless 0 <= rank < world."""
+    try:
+        rank, world = int(params.get("rank", "0")), int(params.get("world", "1"))
+    except ValueError as exc:
+        raise GatewayError(400, "rank and world must be integers (this rank, the data-parallel ranks)", "rank") from exc
+    if not 0 <= rank < world <= 4096:
+        raise GatewayError(400, f"rank = {rank}, world = {world}: pass 0 <= rank < world <= 4096", "rank")
+    return rank, world
+
+
 TRAINER_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ("GET", re.compile(r"/trainer/next/?"), lambda t, p, _body: t.next_batch(_wait_s(p))),
+    ("GET", re.compile(r"/trainer/batch/?"), lambda t, p, _body: t.next_rank_batch(_wait_s(p), *_rank(p))),
     ("GET", re.compile(r"/trainer/status/?"), lambda t, _p, _body: t.status()),
 ]
-"""``GET /trainer/next?wait_s=S``: the batch to train (200) or none yet (204); ``GET /trainer/status``."""
+"""``GET /trainer/next?wait_s=S``: the batch to train (200, JSON) or none yet (204); ``GET /trainer/batch?wait_s=S&
+rank=R&world=W``: rank R's part of it, packed and binary (``trainer_batch``, ``application/msgpack``);
+``GET /trainer/status``."""

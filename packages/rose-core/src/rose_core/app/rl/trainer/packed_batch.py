@@ -1,8 +1,7 @@
 """A trainer micro-batch: rows of token sequences, each row holding the response tokens of one or more turns.
 
-One sequence per trajectory (``rows_of``): a trajectory's turns share a row while each turn's prompt starts with
-the previous turn's prompt and response (a multi-turn conversation grows at its end); a turn whose prompt does
-not (a history the agent rewrote, a context cut) starts a new row. Every response token keeps what made it part
+One sequence per trajectory (``trajectory_rows.rows_of``: a trajectory's turns share a row while each prompt extends
+the previous turn's prompt and response). Every response token keeps what made it part
 of a sample: its position (the logits of the token before it), its target, behaviour logprob, advantage,
 sampling temperature and top-p, and its own turn's length (the per-sample normalisation of the loss,
 ``policy_loss.aggregate``). A row of one turn is the per-turn form. Causal attention makes a token's logits
@@ -18,13 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory_rows import Row
 from rose_core.support.errors import require_extra
 
 with require_extra("torch (the reference trainer)", "rose-core[train]"):
     import torch
-
-Row = list[TrainSample]
-
 
 @dataclass(slots=True)
 class PackedBatch:
@@ -46,31 +43,6 @@ class PackedBatch:
     """Set by the first epoch's forward pass (detached)."""
     reference: torch.Tensor | None = None
     """The frozen reference's logprobs, when ``kl_coef`` > 0."""
-
-
-def rows_of(samples: Sequence[TrainSample], *, pack: bool) -> list[Row]:
-    """The samples' rows: with ``pack``, each trajectory's turns (in turn order) in as few rows as its prompts
-    allow; without, one row per sample. Rows keep the trajectories' first-seen order."""
-    if not pack:
-        return [[sample] for sample in samples]
-    by_trajectory: dict[str, list[TrainSample]] = {}
-    for sample in samples:
-        by_trajectory.setdefault(sample.trajectory_id, []).append(sample)
-    rows: list[Row] = []
-    for turns in by_trajectory.values():
-        row: Row = []
-        for sample in sorted(turns, key=lambda s: s.turn_index):
-            if row and not _extends(sample, row[-1]):
-                rows.append(row)
-                row = []
-            row.append(sample)
-        rows.append(row)
-    return rows
-
-
-def _extends(sample: TrainSample, previous: TrainSample) -> bool:
-    before = previous.prompt_token_ids + previous.response_token_ids
-    return len(sample.prompt_token_ids) >= len(before) and sample.prompt_token_ids[: len(before)] == before
 
 
 def collate(rows: Sequence[Row], pad_id: int) -> PackedBatch:

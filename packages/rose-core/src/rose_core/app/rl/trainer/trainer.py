@@ -21,9 +21,10 @@ from rose_core.app.config import RLConfig
 from rose_core.app.rl.algorithm.loss_settings import LossSettings
 from rose_core.app.rl.algorithm.policy_loss import LossNorm, PolicyLoss, policy_loss
 from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory_rows import Row, rows_of
 from rose_core.app.rl.demo.models import iter_safetensors_names, quiet_progress
 from rose_core.app.rl.trainer.checkpoint_dir import CheckpointState
-from rose_core.app.rl.trainer.packed_batch import PackedBatch, Row, collate, rows_of
+from rose_core.app.rl.trainer.packed_batch import PackedBatch, collate
 from rose_core.app.rl.trainer.trainer_state import load_checkpoint, save_checkpoint
 from rose_core.protocol.engine_layout import EngineLayout, engine_layout_of
 from rose_core.support.errors import RoseError, require_extra

@@ -1,0 +1,114 @@
+"""The external trainer's binary batch: one sequence per trajectory, split across data-parallel ranks (every row to
+exactly one rank, the shares balanced), the turns rebuilt exactly from it, its size close to the unique tokens';
+served over real HTTP to two ranks by ``TrainerClient``, which only the trainer's key opens."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from rose_core.app.gateway.http_server import ApiServer
+from rose_core.app.jobs.external_trainer import TRAINER_ROUTES, ExternalTrainer
+from rose_core.app.jobs.trainer_batch import decode, encode, rank_batch, split_rows
+from rose_core.app.rl.algorithm.sample import TrainSample
+from rose_core.app.rl.algorithm.trajectory_rows import rows_of
+from rose_core.app.trainer_client import TrainerBatch, TrainerClient
+from rose_core.support.errors import RoseError
+
+HEADER = {"step": 3, "base_version": 2, "publish_version": 3, "intake": "tcp://127.0.0.1:1", "ranks": 1}
+KEY, AGENTS_KEY = "t" * 32, "a" * 32
+
+
+def agent_samples(trajectories: int = 16, turns: int = 10, seed: int = 0) -> list[TrainSample]:
+    """Multi-turn agent trajectories: each prompt is the last one, its response (4-12 tokens) and a new
+    observation or tool result (40-100 tokens): responses are about 9% of the tokens, as in a tool-using agent."""
+    rng = random.Random(seed)
+    out = []
+    for t in range(trajectories):
+        prompt = tuple(rng.randrange(5, 50_000) for _ in range(rng.randint(40, 120)))
+        for index in range(rng.randint(1, turns)):
+            response = tuple(rng.randrange(5, 50_000) for _ in range(rng.randint(4, 12)))
+            out.append(TrainSample(f"traj-{t}", index, prompt, response, tuple(-rng.random() for _ in response), 1,
+                                   rng.uniform(-1, 1), temperature=0.7, top_p=0.9))
+            prompt = prompt + response + tuple(rng.randrange(5, 50_000) for _ in range(rng.randint(40, 100)))
+    return out
+
+
+def key_of(sample: TrainSample) -> tuple[object, ...]:
+    """What must come back exactly (the floats travel as float32: compared apart)."""
+    return (sample.trajectory_id, sample.turn_index, sample.prompt_token_ids, sample.response_token_ids,
+            sample.weight_version)
+
+
+def test_two_ranks_get_every_turn_once_balanced_and_exactly() -> None:
+    samples = agent_samples()
+    rows = rows_of(samples, pack=True)
+    shares = split_rows(rows, 2)
+    assert sorted(shares[0] + shares[1]) == list(range(len(rows)))
+    loads = [sum(rows[i][-1].length for i in share) for share in shares]
+    assert abs(loads[0] - loads[1]) <= max(row[-1].length for row in rows)
+    rebuilt = []
+    for rank in (0, 1):
+        wire = decode(encode(rank_batch(samples, HEADER, rank, 2)))
+        batch = TrainerBatch(wire)
+        assert wire.samples == len(samples) and (wire.rank, wire.world, wire.step) == (rank, 2, 3)
+        rebuilt += batch.train_samples()
+    assert sorted(map(key_of, rebuilt)) == sorted(map(key_of, samples))
+    by_key = {(s.trajectory_id, s.turn_index): s for s in samples}
+    for sample in rebuilt:  # float32 on the wire
+        original = by_key[(sample.trajectory_id, sample.turn_index)]
+        assert sample.behaviour_logprobs == pytest.approx(original.behaviour_logprobs, abs=1e-6)
+        assert (sample.advantage, sample.temperature, sample.top_p) == pytest.approx(
+            (original.advantage, original.temperature, original.top_p), abs=1e-6)
+
+
+def test_the_batch_costs_its_unique_tokens_their_logprobs_and_a_few_bytes_a_turn() -> None:
+    """Each row's tokens once (4 bytes each); on top, 4 bytes per response token (its logprob), 24 per turn and a
+    few dozen per row: 1.20x the unique tokens' bytes when responses are 10% of the tokens; the per-turn JSON
+    repeats every prompt, as text, and is over 10x larger."""
+    from rose_core.app.gateway.openai_api import json_bytes
+    from rose_core.app.jobs.external_trainer import sample_json
+
+    samples = agent_samples()
+    rows = rows_of(samples, pack=True)
+    unique = sum(row[-1].length for row in rows)
+    responses = sum(len(s.response_token_ids) for s in samples)
+    size = sum(len(encode(rank_batch(samples, HEADER, rank, 2))) for rank in (0, 1))
+    assert size <= 4 * unique + 4 * responses + 24 * len(samples) + 48 * len(rows) + 2 * 400, size
+    assert len(json_bytes([sample_json(s) for s in samples])) > 10 * size
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[ApiServer, ExternalTrainer]]:
+    trainer = ExternalTrainer(1)
+    server = ApiServer(trainer, TRAINER_ROUTES, KEY, name="rose-trainer-api",
+                       refused_keys={AGENTS_KEY: "the agents' gateway key"}).start()
+    yield server, trainer
+    server.close()
+
+
+def test_two_rank_clients_pull_their_halves_over_http(api: tuple[ApiServer, ExternalTrainer]) -> None:
+    server, trainer = api
+    samples = agent_samples(seed=1)
+    got: dict[int, list[TrainSample]] = {}
+
+    def rank(r: int) -> None:
+        batch = TrainerClient(server.url, KEY, rank=r, world=2).next_batch(wait_s=10)
+        assert batch is not None and batch.step == 5 and batch.publish_version == 5
+        got[r] = batch.train_samples()
+
+    pullers = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for puller in pullers:
+        puller.start()
+    trainer.offer(5, 4, samples, [])
+    for puller in pullers:
+        puller.join(timeout=30)
+    assert sorted(map(key_of, got[0] + got[1])) == sorted(map(key_of, samples)) and got[0] and got[1]
+    assert TrainerClient(server.url, KEY).next_batch(wait_s=0, after=5) is None  # this rank trained step 5
+    with pytest.raises(RoseError, match="403"):
+        TrainerClient(server.url, AGENTS_KEY).next_batch(wait_s=0)
+    with pytest.raises(RoseError, match="400"):
+        TrainerClient(server.url, KEY, rank=0, world=1)._get("/trainer/batch?rank=2&world=2", 0)
