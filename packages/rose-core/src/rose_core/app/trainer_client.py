@@ -105,17 +105,14 @@ class TrainerClient:
         self._timeout_s = timeout_s
 
     def next_batch(self, wait_s: float = 30.0, *, after: int | None = None) -> TrainerBatch | None:
-        """This rank's part of the batch waiting to be trained, waiting up to ``wait_s`` for one; None when there
-        is none yet, or when the one offered is step ``after`` or older (already trained by this rank; its
-        version is on its way)."""
-        query = urllib.parse.urlencode({"wait_s": wait_s, "rank": self.rank, "world": self.world})
-        status, body = self._get(f"/trainer/batch?{query}", wait_s)
-        if status == 204:
-            return None
-        wire = decode(body)
-        if after is not None and wire.step <= after:
-            return None
-        return TrainerBatch(wire)
+        """This rank's part of the batch waiting to be trained, waiting up to ``wait_s`` for one newer than step
+        ``after`` (the last this rank trained: its batch stays offered until its version is published); None
+        when there is none yet."""
+        fields: dict[str, Any] = {"wait_s": wait_s, "rank": self.rank, "world": self.world}
+        if after is not None:
+            fields["after"] = after
+        status, body = self._get(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
+        return None if status == 204 else TrainerBatch(decode(body))
 
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self._get("/trainer/status", 0.0)[1]))

@@ -101,22 +101,23 @@ class ExternalTrainer:
 
     # ---------------------------------------------------------------- the trainer API (HTTP threads)
 
-    def next_batch(self, wait_s: float) -> dict[str, Any] | None:
+    def next_batch(self, wait_s: float, after: int | None = None) -> dict[str, Any] | None:
         """The batch waiting to be trained (the same one until its version is published), waiting up to
-        ``wait_s`` for one; None when there is none yet."""
+        ``wait_s`` for one (newer than step ``after``, when given: a trainer that trained a step waits for the
+        next instead of pulling it again); None when there is none yet."""
         deadline = time.monotonic() + min(max(wait_s, 0.0), WAIT_LIMIT_S)
         with self._changed:
-            while self._batch is None:
+            while self._batch is None or (after is not None and self._batch["step"] <= after):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._changed.wait(left)
             return self._batch
 
-    def next_rank_batch(self, wait_s: float, rank: int, world: int) -> bytes | None:
+    def next_rank_batch(self, wait_s: float, rank: int, world: int, after: int | None = None) -> bytes | None:
         """``next_batch``'s batch in its binary form, rank ``rank`` of ``world`` data-parallel ranks'
         (``trainer_batch``); None when there is none yet."""
-        batch = self.next_batch(wait_s)
+        batch = self.next_batch(wait_s, after)
         if batch is None:
             return None
         with self._changed:
@@ -144,6 +145,17 @@ def _wait_s(params: dict[str, str]) -> float:
     return wait_s
 
 
+def _after(params: dict[str, str]) -> int | None:
+    """``after``: the last step this trainer trained (the pull waits for a newer one); absent: any."""
+    if "after" not in params:
+        return None
+    try:
+        return int(params["after"])
+    except ValueError as exc:
+        raise GatewayError(400, f"after = {params['after']!r}: pass the last step trained (an integer)",
+                           "after") from exc
+
+
 def _rank(params: dict[str, str]) -> tuple[int, int]:
     """``rank`` and ``world`` (data-parallel), a 400 naming the fix unless 0 <= rank < world."""
     try:
@@ -157,9 +169,10 @@ def _rank(params: dict[str, str]) -> tuple[int, int]:
 
 TRAINER_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ("GET", re.compile(r"/trainer/next/?"), lambda t, p, _body: t.next_batch(_wait_s(p))),
-    ("GET", re.compile(r"/trainer/batch/?"), lambda t, p, _body: t.next_rank_batch(_wait_s(p), *_rank(p))),
+    ("GET", re.compile(r"/trainer/batch/?"),
+     lambda t, p, _body: t.next_rank_batch(_wait_s(p), *_rank(p), after=_after(p))),
     ("GET", re.compile(r"/trainer/status/?"), lambda t, _p, _body: t.status()),
 ]
 """``GET /trainer/next?wait_s=S``: the batch to train (200, JSON) or none yet (204); ``GET /trainer/batch?wait_s=S&
-rank=R&world=W``: rank R's part of it, packed and binary (``trainer_batch``, ``application/msgpack``);
+rank=R&world=W[&after=STEP]``: rank R's part of it (a batch newer than ``after``), packed and binary (``trainer_batch``, ``application/msgpack``);
 ``GET /trainer/status``."""
