@@ -49,7 +49,8 @@ def main() -> None:
             record.write(json.dumps({
                 "step": batch.step, "turns": sorted([s.trajectory_id, s.turn_index] for s in samples),
                 "step_turns": batch.wire.samples, "bytes": len(encode(batch.wire)),
-                "unique_token_bytes": 4 * len(batch.tokens), "loss": stats.loss, "weights_sum": digest}) + "\n")
+                "token_bytes": 4 * len(batch.tokens), "logprob_bytes": 4 * len(batch.behaviour_logprobs),
+                "loss": stats.loss, "weights_sum": digest}) + "\n")
             record.flush()
             last = batch.step
     dist.destroy_process_group()
