@@ -20,7 +20,7 @@ import torch
 import transformers
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
 QWEN_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"

@@ -45,14 +45,14 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tool_tokenizer(tmp_path_factory.mktemp("tool-tokenizer"))
 
 
-def gateway(tokenizer_dir: Path, replies: list[str], tool_parser: str = "hermes") -> Gateway:
+def gateway(tokenizer_dir: Path, replies: list[str], tool_parser: str = "hermes", reasoning_parser: str = "") -> Gateway:
     codec = load_tokenizer(tokenizer_dir)
     bridge = TurnBridge()
     bridge._wake = Policy(bridge, codec, replies)  # the controller's wake-up: here, the twin answers at once
     template = ChatTemplate(tokenizer_dir)
     return Gateway(SessionTable(group_size=1), bridge, codec, template,
                    GatewayLimits(max_prompt_tokens=2048, max_tokens=64, temperature=1.0, turn_timeout_s=5.0),
-                   parser=ReplyParser(tool_parser, "", template.tokenizer))
+                   parser=ReplyParser(tool_parser, reasoning_parser, template.tokenizer))
 
 
 def body(messages: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -136,3 +136,17 @@ def test_a_stop_string_cuts_the_reply_and_the_session_keeps_every_sampled_token(
     (segment,) = gw.describe(sid)["segments"]
     (start, end), = sampled_runs(segment["mask"])
     assert codec.decode(segment["tokens"][start:end]) == answer_text()
+
+
+def test_reasoning_is_split_from_the_content_by_vllms_reasoning_parser(tokenizer_dir: Path) -> None:
+    """``reasoning_parser = "qwen3"`` beside ``hermes``: a ``<think>`` block becomes ``reasoning``, whole and
+    streamed; a call that sends ``tools: []`` is a call without tools, not an error."""
+    thought = f"<think>\nadd them\n</think>\n\n{answer_text()}"
+    gw = gateway(tokenizer_dir, [thought, thought], reasoning_parser="qwen3")
+    sid = gw.open_session(b'{"group": "g"}')["session_id"]
+    message = gw.chat_response(*gw.chat(sid, body(ASKED, tools=[])))["choices"][0]["message"]
+    assert message["reasoning"].strip() == "add them" and message["content"].strip() == answer_text()
+    sid = gw.open_session(b'{"group": "h"}')["session_id"]
+    deltas = [c["choices"][0]["delta"] for c in gw.chat_chunks(*gw.chat(sid, body(ASKED, stream=True)))]
+    assert "".join(d.get("reasoning", "") for d in deltas).strip() == "add them"
+    assert "".join(d.get("content", "") for d in deltas).strip() == answer_text()

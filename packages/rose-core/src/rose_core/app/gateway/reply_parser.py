@@ -65,6 +65,11 @@ class ReplyParser:
         return not self.tools or self._parser_cls.reasoning_parser_cls is not None or (
             bool(tools) and tool_choice != "none")
 
+    def _calls_tools(self, request: Any) -> bool:
+        """Tool calls are extracted when a tool parser is set and the call sends tools without ``tool_choice =
+        "none"`` (with only reasoning parsed, a reply's tool-call text stays content, as in ``vllm serve``)."""
+        return self.tools and bool(request.tools) and request.tool_choice != "none"
+
     def text(self, ids: Sequence[int]) -> str:
         """The text of sampled tokens as the parsers read it (special tokens kept)."""
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -72,10 +77,10 @@ class ReplyParser:
     def request(self, body: Mapping[str, Any]) -> Any:
         """vLLM's own request model of the call (what its parsers read: tools, tool_choice, messages)."""
         fields = {key: body[key] for key in ("messages", "tools", "tool_choice", "parallel_tool_calls")
-                  if body.get(key) is not None}
+                  if body.get(key) not in (None, [])}  # no tools at all is what an empty list means
         try:
             return self._request_type.model_validate({**fields, "model": POLICY_MODEL})
-        except ValueError as exc:  # pydantic's ValidationError, with every field it refused
+        except Exception as exc:  # pydantic's ValidationError and vLLM's own checks: the call's fault, named
             raise GatewayError(400, f"the call's messages or tools are not OpenAI chat completion ones: {exc}",
                                "messages") from exc
 
@@ -83,7 +88,8 @@ class ReplyParser:
         """A whole reply (``ids`` without the end-of-turn token; its text cut at the first of ``stops``)."""
         parser = self._parser_cls(self._tokenizer, request.tools)
         reasoning, content, calls = parser.parse(cut_at_stop(self.text(ids), stops), request,
-                                                 enable_auto_tools=self.tools, model_output_token_ids=list(ids))
+                                                 enable_auto_tools=self._calls_tools(request),
+                                                 model_output_token_ids=list(ids))
         return ParsedReply(content=content, reasoning=reasoning, tool_calls=[_tool_call(c) for c in calls or []])
 
     def deltas(self, request: Any, prompt: Sequence[int], ids: Sequence[int], stops: tuple[str, ...] = ()
