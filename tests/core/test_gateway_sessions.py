@@ -242,12 +242,17 @@ def test_complete_groups_are_journaled_until_dropped_and_a_new_table_takes_them_
 
     (recovered,) = GroupJournal(tmp_path / "groups").recover()  # the restarted process
     assert recovered.name == "second" and not list((tmp_path / "groups").iterdir())
-    restarted = SessionTable(group_size=2)
+    restarted = SessionTable(group_size=2, first_serial=recovered.serial)
+    for _ in range(2):  # an agent completes a group of the same name before the restored one is back
+        sid = restarted.open("second", {}).session_id
+        restarted.begin_call(sid, lambda history: history.prompt_for_tokens([1, 2]))
+        restarted.finish_call(sid, _turn(), key=None)
+        restarted.close(sid, reward=1.0, success=None)
     restarted.restore([recovered])
-    (again,) = restarted.take_groups(5)
+    again, newer = restarted.take_groups(5)  # the restored group first: it is older
     assert [(t.trajectory_id, t.total_reward, t.turns) for t in again] == \
         [(t.trajectory_id, t.total_reward, t.turns) for t in second]
-    assert restarted.open("new", {}).session_id  # new sessions go on as before
+    assert serial_of(newer[0]) > recovered.serial and newer[0].trajectory_id not in {t.trajectory_id for t in again}
 
 
 def test_an_unreadable_journal_file_is_skipped(tmp_path) -> None:

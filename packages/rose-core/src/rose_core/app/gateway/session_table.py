@@ -72,7 +72,8 @@ class _Group:
 
 class SessionTable:
     def __init__(self, group_size: int, limits: SessionLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic, journal: GroupJournal | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, journal: GroupJournal | None = None,
+                 first_serial: int = 0) -> None:
         self.group_size = group_size
         self.limits = limits or SessionLimits()
         self.journal = journal
@@ -81,7 +82,8 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._groups: dict[str, _Group] = {}
         self._complete: list[str] = []
-        self._serial = 0
+        self._serial = first_serial
+        """The last group serial used (a restarted job starts past the journaled ones: their files stay theirs)."""
         self._swept = 0.0
         self.expired_groups = 0
         self._lock = threading.Lock()
@@ -184,17 +186,21 @@ class SessionTable:
         return session
 
     def restore(self, groups: list[JournaledGroup]) -> None:
-        """Put journaled groups back as complete (a resumed job trains them again), oldest first."""
+        """Put journaled groups back as complete (a resumed job trains them again), oldest first. They are held
+        under ``<name>#<serial>``: an agent that already opened a new group of the same name keeps it."""
+        keys = []
         with self._lock:
             for journaled in groups:
-                entry = self._groups[journaled.name] = _Group(journaled.serial, closed=len(journaled.trajectories))
+                key = f"{journaled.name}#{journaled.serial}"
+                entry = self._groups[key] = _Group(journaled.serial, closed=len(journaled.trajectories))
                 for trajectory in journaled.trajectories:
                     self._sessions[trajectory.trajectory_id] = Session(
-                        trajectory.trajectory_id, journaled.name, trajectory, {}, calls=len(trajectory.turns),
+                        trajectory.trajectory_id, key, trajectory, {}, calls=len(trajectory.turns),
                         closed=True, used=self._clock())
                     entry.sessions.append(trajectory.trajectory_id)
-                self._complete.append(journaled.name)
+                keys.append(key)
                 self._serial = max(self._serial, journaled.serial)
+            self._complete[:0] = keys  # before any group completed since the restart: they are older
 
     def get(self, session_id: str) -> Session:
         with self._lock:

@@ -100,7 +100,8 @@ class GatewayJob(RLJob):
         """Step -> the serials of the groups it trained (their journal files go once a checkpoint covers it)."""
         self.table = SessionTable(rl.group_size, SessionLimits(
             max_sessions=gw.max_sessions, max_metadata_bytes=gw.max_metadata_bytes,
-            max_calls=gw.max_calls_per_session, idle_s=gw.session_idle_s), journal=journal)
+            max_calls=gw.max_calls_per_session, idle_s=gw.session_idle_s), journal=journal,
+            first_serial=max((group.serial for group in self._recovered), default=0))
         self.bridge = TurnBridge(controller.wake)
         limits = GatewayLimits(max_prompt_tokens=rl.max_context_tokens, max_tokens=rl.max_tokens_per_turn,
                                temperature=rl.sampling.temperature, turn_timeout_s=gw.turn_timeout_s)
