@@ -150,3 +150,17 @@ def test_reasoning_is_split_from_the_content_by_vllms_reasoning_parser(tokenizer
     deltas = [c["choices"][0]["delta"] for c in gw.chat_chunks(*gw.chat(sid, body(ASKED, stream=True)))]
     assert "".join(d.get("reasoning", "") for d in deltas).strip() == "add them"
     assert "".join(d.get("content", "") for d in deltas).strip() == answer_text()
+
+
+def test_with_both_parsers_tool_choice_none_leaves_the_call_as_text_whole_and_streamed(tokenizer_dir: Path) -> None:
+    gw = gateway(tokenizer_dir, [call_text(), call_text()], reasoning_parser="qwen3")
+    for group, stream in (("g", False), ("h", True)):
+        sid = gw.open_session(b'{"group": "%s"}' % group.encode())["session_id"]
+        req, reply = gw.chat(sid, body(ASKED, tool_choice="none", stream=stream))
+        if stream:
+            deltas = [c["choices"][0]["delta"] for c in gw.chat_chunks(req, reply)]
+            assert not any(d.get("tool_calls") for d in deltas)
+            assert "".join(d.get("content", "") for d in deltas) == call_text()
+        else:
+            message = gw.chat_response(req, reply)["choices"][0]["message"]
+            assert "tool_calls" not in message and message["content"] == call_text()

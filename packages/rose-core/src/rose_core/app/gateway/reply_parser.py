@@ -58,12 +58,22 @@ class ReplyParser:
         if parser_cls is None:
             raise ConfigError("ReplyParser needs a tool_parser or a reasoning_parser")
         self._parser_cls = parser_cls
+        self._reasoning_cls = (ParserManager.get_parser(reasoning_parser_name=reasoning_parser, tokenizer=tokenizer)
+                               if tool_parser and reasoning_parser else None)
+        """Both parsers set: the reasoning one alone, for calls whose tool calls are not extracted."""
 
     def applies(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> bool:
         """Whether a call is parsed: always with a reasoning parser; with a tool parser only, when it sends
         tools and does not say ``tool_choice = "none"``."""
         return not self.tools or self._parser_cls.reasoning_parser_cls is not None or (
             bool(tools) and tool_choice != "none")
+
+    def _parser_for(self, request: Any) -> Any:
+        """A fresh per-call parser (they keep streaming state): the reasoning one alone when this call's tool
+        calls are not extracted and both are set."""
+        calls_tools = self._calls_tools(request)
+        cls = self._parser_cls if calls_tools or self._reasoning_cls is None else self._reasoning_cls
+        return cls(self._tokenizer, request.tools if calls_tools else None)
 
     def _calls_tools(self, request: Any) -> bool:
         """Tool calls are extracted when a tool parser is set and the call sends tools without ``tool_choice =
@@ -86,7 +96,7 @@ class ReplyParser:
 
     def parse(self, request: Any, ids: Sequence[int], stops: tuple[str, ...] = ()) -> ParsedReply:
         """A whole reply (``ids`` without the end-of-turn token; its text cut at the first of ``stops``)."""
-        parser = self._parser_cls(self._tokenizer, request.tools)
+        parser = self._parser_for(request)
         reasoning, content, calls = parser.parse(cut_at_stop(self.text(ids), stops), request,
                                                  enable_auto_tools=self._calls_tools(request),
                                                  model_output_token_ids=list(ids))
@@ -97,7 +107,7 @@ class ReplyParser:
         """The reply as ``vllm serve`` streams it: one delta per token the parser releases (content,
         reasoning or tool-call fragments: OpenAI's ``choices[0].delta`` shape), the text ending at the first of
         ``stops``."""
-        parser = self._parser_cls(self._tokenizer, request.tools)
+        parser = self._parser_for(request)
         whole = cut_at_stop(self.text(ids), stops)
         sent, fed = "", 0
         for end in range(1, len(ids) + 1):
