@@ -55,6 +55,14 @@ def test_a_cpu_engine_runs_eager_unsharded_without_sleep_on_a_1_gib_kv_cache(pol
     assert explicit.kv_cache_memory_bytes == GIB // 2
 
 
+def test_only_the_rollout_engine_reports_processed_logprobs(policy_dir: Path) -> None:
+    """Exact sampling changes the rollout engine alone: production's engine keeps vLLM's default logprobs for
+    its own clients (decision 329)."""
+    cfg = config()
+    assert args_for(cfg, Device("cpu"), "rollout", policy_dir).logprobs_mode == "processed_logprobs"
+    assert args_for(cfg, Device("cpu"), "serving", policy_dir).logprobs_mode == "raw_logprobs"
+
+
 def test_a_gpu_host_splits_the_device_and_sleeps_only_the_rollout_engine(policy_dir: Path) -> None:
     cfg = config(device="cuda:1", tensor_parallel_size=2)
     device = Device("cuda", 1, 2)
