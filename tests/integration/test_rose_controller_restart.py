@@ -13,24 +13,18 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import urllib.request
-from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import zmq
 
-from rose_core.app.config import load_config
-from rose_core.app.rl.demo.models import ensure_models
-from rose_core.app.run.executor_files import executor_config, write_executor_config
 from rose_core.protocol import messages as m
 from rose_core.protocol.auth import Signer, write_new_secret
 from rose_core.protocol.wire import Framer
 from rose_core.support.metrics import free_port
 
 from .rose_run_support import LiveRun, metric
+from .standalone_fleet import served, start_executors
 
 STEPS = 8
 """Killed after step 2; the resumed run's steps 3-8 outlast the ZMQ heartbeat that cuts off the observer that
@@ -55,29 +49,6 @@ eval.every = 0
 """
 
 
-def start_executors(work: Path, address: str, secret: Path) -> dict[str, tuple[subprocess.Popen[bytes], int]]:
-    """The fleet: one dedicated and one serving executor, started as an operator would (no --parent-pid), each
-    with its own key file from `rose executor-key`, not the secret."""
-    config = load_config(work / "rose.toml")
-    models = ensure_models(work / "models")
-    out: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
-    for role in ("dedicated", "serving"):
-        section = executor_config(config, role, models.policy, models.serving)
-        port = free_port()
-        if role == "serving":
-            section = msgspec.structs.replace(section, serving=msgspec.structs.replace(section.serving, port=port))
-        path = work / f"executor-{role}.toml"
-        write_executor_config(path, section)
-        log = (work / f"executor-{role}.log").open("wb")
-        key = work / f"executor-{role}-0.key"
-        subprocess.run([sys.executable, "-m", "rose_core", "executor-key", f"{role}-0", "--secret-file", str(secret),
-                        "--out", str(key)], check=True, capture_output=True)
-        argv = [sys.executable, "-m", "rose_executor", "--controller", address, "--role", role, "--config", str(path),
-                "--executor-id", f"{role}-0", "--secret-file", str(key)]
-        out[role] = (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), port)
-    return out
-
-
 def never_reading_observer(address: str, secret: bytes) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
     """A peer that says Hello as an observer (so the controller streams status to it) and never reads: its
     libzmq stops taking bytes off the socket once one message waits, so it cannot answer ZMQ heartbeats
@@ -96,17 +67,6 @@ def never_reading_observer(address: str, secret: bytes) -> tuple[zmq.Context[Any
 
 SKIPPED_WHILE_STALLED = 10
 """Status intervals (0.5 s each) the stalled observer must be skipped before the run may end."""
-
-
-def served(port: int) -> int:
-    """One production request on the serving executor's OpenAI endpoint; the tokens it generated."""
-    base = f"http://127.0.0.1:{port}/v1"
-    with urllib.request.urlopen(f"{base}/models", timeout=60) as resp:
-        model = json.loads(resp.read())["data"][0]["id"]
-    body = json.dumps({"model": model, "prompt": [5, 6, 7, 8], "max_tokens": 4, "ignore_eos": True}).encode()
-    request = urllib.request.Request(f"{base}/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as resp:
-        return int(json.loads(resp.read())["usage"]["completion_tokens"])
 
 
 @pytest.fixture(scope="module")
