@@ -5,6 +5,7 @@ trains), dynamic sampling's refill, greedy evaluation on held-out maps, checkpoi
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,11 @@ from rl_job_peers import SECRET, CharCodec, Executor, Publisher, Trainer
 
 from rose_core.app.config import RLConfig, RunConfig, SchedulerConfig
 from rose_core.app.controller.controller import Controller
+from rose_core.app.jobs.external_trainer import ExternalTrainer
 from rose_core.app.jobs.rl_job import EVAL_SEED_BASE, RLJob
+from rose_core.app.jobs.trainer_batch import RankBatch, decode
+from rose_core.app.trainer_client import TrainerBatch
+from rose_core.protocol.messages import WeightAnnounce
 from rose_core.support.errors import RoseError
 from rose_core.testing.inprocess_channel import InProcessServer
 
@@ -137,3 +142,47 @@ def test_resume_ships_the_restored_weights_and_goes_on_with_the_next_version(mak
     report = resumed.run_step(after + 1)
     assert report.published_version == 3 and report.weight_version == 2
     assert {(r.min_version, r.max_version) for r in executor.requests} == {(2, 2)}
+
+
+
+def _pull_every_part(external: ExternalTrainer, out: list[RankBatch]) -> None:
+    """An external trainer's rank pulling the step's parts in order until the final one, then the whole batch
+    (as a trainer that does not stream gets it), then publishing."""
+    part = 0
+    while not (out and out[-1].final):
+        data = external.next_rank_batch(30.0, 0, 1, after=0, part=part)
+        if data is not None:
+            out.append(decode(data))
+            part += 1
+    whole = external.next_rank_batch(0.0, 0, 1, after=0)
+    assert whole is not None
+    out.append(decode(whole))
+    external.published(WeightAnnounce(version=out[-1].publish_version, step=out[-1].step, source="test"))
+
+
+def test_an_external_trainer_is_offered_each_group_as_it_completes(make_job: Any) -> None:
+    """Three groups, s1-p0 and s1-p2 with a reward spread: each is offered as its own part once its last episode
+    ends, before the step's end adds the last part (nothing left: empty) marked final; dynamic sampling drops the
+    group without spread whole (no part for it), so the parts hold exactly the whole batch."""
+    job, _, _ = make_job(by_group({"-p0-g0": "xyz", "-p2-g1": "xyz"}), steps=1, prompts_per_step=3,
+                         sampling={"dynamic_sampling": True, "max_refill_rounds": 0})
+    external = ExternalTrainer(ranks=1, wake=job.controller.wake)
+    job.trainer = external
+    pulled: list[RankBatch] = []
+    puller = threading.Thread(target=_pull_every_part, args=(external, pulled))
+    puller.start()
+    report = job.run_step(1)
+    puller.join(timeout=30)
+    *parts, whole = pulled
+    assert report.published_version == 1 and report.dropped_groups == 1
+    assert [(p.part, p.final) for p in parts] == [(0, False), (1, False), (2, True)]
+    groups = [{t.rsplit("-g", 1)[0] for t in p.row_trajectories} for p in parts]
+    assert sorted(map(sorted, groups[:2])) == [["s1-p0"], ["s1-p2"]] and groups[2] == set()
+    assert (whole.part, whole.final) == (-1, True)
+    assert sorted(_turns(whole)) == sorted(t for p in parts for t in _turns(p))  # the same turns, bit for bit
+    assert whole.samples == sum(p.samples for p in parts) == 8
+
+
+def _turns(batch: RankBatch) -> list[tuple[Any, ...]]:
+    return [(s.trajectory_id, s.turn_index, s.prompt_token_ids, s.response_token_ids, s.behaviour_logprobs,
+             s.advantage) for s in TrainerBatch(batch).train_samples()]

@@ -112,3 +112,65 @@ def test_two_rank_clients_pull_their_halves_over_http(api: tuple[ApiServer, Exte
         TrainerClient(server.url, AGENTS_KEY).next_batch(wait_s=0)
     with pytest.raises(RoseError, match="400"):
         TrainerClient(server.url, KEY, rank=0, world=1)._get("/trainer/batch?rank=2&world=2", 0)
+
+
+def test_two_ranks_stream_a_steps_parts_as_groups_complete(api: tuple[ApiServer, ExternalTrainer]) -> None:
+    """Each rank's ``step_parts`` gets a part as soon as the job offers it (the ranks wait on the long poll while
+    the rollout goes on), the step's end adds the final part; the ranks' shares of the parts are the whole batch,
+    which a rank that does not stream still pulls at the step's end."""
+    server, trainer = api
+    samples = agent_samples(trajectories=12, seed=2)
+    groups = [[s for s in samples if int(s.trajectory_id.split("-")[1]) // 4 == g] for g in range(3)]
+    got: dict[int, list[tuple[int, bool, list[TrainSample]]]] = {0: [], 1: []}
+    arrived = {0: threading.Event(), 1: threading.Event()}
+
+    def rank(r: int) -> None:
+        for part in TrainerClient(server.url, KEY, rank=r, world=2).step_parts(wait_s=10, after=4):
+            got[r].append((part.wire.part, part.final, part.train_samples()))
+            arrived[r].set()
+
+    pullers = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for puller in pullers:
+        puller.start()
+    for group in groups[:2]:  # two groups complete during the rollout; each rank has its share before the next
+        for event in arrived.values():
+            event.clear()
+        trainer.offer_groups(5, 4, group)
+        assert all(event.wait(10) for event in arrived.values())
+    assert TrainerClient(server.url, KEY).next_batch(wait_s=0, after=4) is None  # no whole batch before the end
+    trainer.offer(5, 4, samples, [])  # the step's end: the third group is the final part
+    for puller in pullers:
+        puller.join(timeout=30)
+    for r in (0, 1):
+        assert [(part, final) for part, final, _ in got[r]] == [(0, False), (1, False), (2, True)]
+    streamed = [s for r in (0, 1) for _, _, part in got[r] for s in part]
+    assert sorted(map(key_of, streamed)) == sorted(map(key_of, samples))
+    whole = TrainerClient(server.url, KEY).next_batch(wait_s=0, after=4)
+    assert whole is not None and whole.final and sorted(map(key_of, whole.train_samples())) == sorted(
+        map(key_of, samples))
+
+
+def test_a_part_past_the_final_one_or_malformed_is_refused(api: tuple[ApiServer, ExternalTrainer]) -> None:
+    server, trainer = api
+    trainer.offer(1, 0, agent_samples(trajectories=2), [])
+    client = TrainerClient(server.url, KEY)
+    only = client.next_part(0, wait_s=0)
+    assert only is not None and only.final and only.wire.part == 0
+    with pytest.raises(RoseError, match=r"400.*step 1 has 1 parts .*stop at the final one"):
+        client.next_part(1, wait_s=5)
+    with pytest.raises(RoseError, match=r"400.*part = 'x'"):
+        client._get("/trainer/batch?part=x", 0)
+    with pytest.raises(RoseError, match=r"400.*part = -1"):
+        client._get("/trainer/batch?part=-1", 0)
+    assert client.next_part(0, wait_s=0, after=1) is None  # nothing of step 2 yet
+
+
+def test_a_batch_of_another_format_is_one_clear_error() -> None:
+    import msgspec
+
+    wire = rank_batch(agent_samples(trajectories=1), HEADER, 0, 1)
+    as_map = msgspec.msgpack.encode(msgspec.structs.asdict(wire))  # rose-trainer-batch/1 sent field names
+    with pytest.raises(RoseError, match=r"not a rose-trainer-batch/2 batch .* install the same rose-core"):
+        decode(as_map)
+    with pytest.raises(RoseError, match=r"'rose-trainer-batch/9' batch, this client reads"):
+        decode(encode(msgspec.structs.replace(wire, format="rose-trainer-batch/9")))

@@ -1,5 +1,6 @@
 """One data-parallel rank of an external trainer, as its own process (the external-trainer run starts two):
-pulls its part of each step's batch with ``TrainerClient``, trains ROSE's reference trainer on it with the
+pulls its share of each step's batch with ``TrainerClient``, part by part as the job's groups complete
+(``step_parts``; a trainer with its own loop would run forward and backward on each part as it comes), trains ROSE's reference trainer on it with the
 gradients averaged across the ranks (torch.distributed, gloo: a hook on every parameter all-reduces each
 backward's gradient, so both ranks take the same step), and rank 0 publishes the next version through the
 shard intake (one tensor-parallel rank). Writes what it saw, one JSON line per step, to ``OUT``.
@@ -36,10 +37,9 @@ def main() -> None:
     last = None
     with open(out, "w") as record:
         while last is None or last < steps:
-            batch = client.next_batch(wait_s=30, after=last)
-            if batch is None:
-                continue
-            samples = batch.train_samples()
+            parts = list(client.step_parts(wait_s=30, after=last))  # groups as they complete, the last final
+            samples = [s for part in parts for s in part.train_samples()]
+            batch = parts[-1]
             stats = trainer.train_step(samples)
             if rank == 0:
                 tensors = to_engine_layout(trainer.export_weights(), trainer.engine_layout())
@@ -48,8 +48,11 @@ def main() -> None:
             digest = float(sum(p.detach().double().sum() for p in trainer.model.parameters()))
             record.write(json.dumps({
                 "step": batch.step, "turns": sorted([s.trajectory_id, s.turn_index] for s in samples),
-                "step_turns": batch.wire.samples, "bytes": len(encode(batch.wire)),
-                "token_bytes": 4 * len(batch.tokens), "logprob_bytes": 4 * len(batch.behaviour_logprobs),
+                "parts": [[part.wire.part, part.final, len(part.wire.row_trajectories)] for part in parts],
+                "step_turns": sum(part.wire.samples for part in parts),
+                "bytes": sum(len(encode(part.wire)) for part in parts),
+                "token_bytes": sum(4 * len(part.tokens) for part in parts),
+                "logprob_bytes": sum(4 * len(part.behaviour_logprobs) for part in parts),
                 "loss": stats.loss, "weights_sum": digest}) + "\n")
             record.flush()
             last = batch.step

@@ -23,6 +23,7 @@ from .rose_run_support import LiveRun
 
 STEPS = 3
 WORLD = 2
+GROUPS, GROUP_SIZE = 3, 4
 DP_TRAINER = Path(__file__).with_name("dp_trainer.py")
 CONFIG = """
 models_dir = "{work}/models"
@@ -30,6 +31,8 @@ run_dir = "{work}/run"
 
 [rl]
 trainer.kind = "external"
+prompts_per_step = 3
+group_size = 4
 max_tokens_per_turn = 24
 algorithm = "grpo"
 eval.every = 0
@@ -58,7 +61,8 @@ def external_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_two_data_parallel_ranks_train_every_step_and_their_versions_reach_the_executors(
         external_run: dict[str, Any]) -> None:
-    """Each step: the two ranks pulled disjoint parts that together hold every turn, took the same step (their
+    """Each step: the two ranks pulled each group as it completed (its own part, before the step's end) and
+    then the final part; their shares are disjoint and together hold every turn, took the same step (their
     weights agree), and rank 0's version reached every engine; each part is at most 1.2x its payload (each unique
     token's id and each sampled token's logprob, once: every prompt is sent once, not once per turn)."""
     report, seen = external_run["report"], external_run["seen"]
@@ -67,6 +71,10 @@ def test_two_data_parallel_ranks_train_every_step_and_their_versions_reach_the_e
     assert [s["published_version"] for s in report["steps"]] == list(range(1, STEPS + 1))
     for step, (zero, one) in enumerate(zip(*seen, strict=True), start=1):
         assert zero["step"] == one["step"] == step and zero["turns"] and one["turns"]
+        # each of the step's groups came as its own part as it completed, then the final (empty) part
+        assert [(k, final) for k, final, _ in zero["parts"]] == [(k, k == GROUPS) for k in range(GROUPS + 1)]
+        for part in (zero, one):  # the ranks' shares of a group: two of its four trajectories each
+            assert [rows for _, _, rows in part["parts"]] == [GROUP_SIZE // WORLD] * GROUPS + [0], part["parts"]
         turns = [tuple(t) for t in zero["turns"] + one["turns"]]
         assert len(set(turns)) == len(turns) == zero["step_turns"]
         assert zero["weights_sum"] == pytest.approx(one["weights_sum"], rel=1e-9)

@@ -6,6 +6,9 @@ version with ``rose_transfer.ShardPublisher`` (docs/gateway.md, "External traine
     while (batch := client.next_batch(wait_s=30, after=last_step)) is not None or ...:
         for tokens, turns in batch.rows(): ...   # one sequence per trajectory, each turn's response in it
 
+    for part in client.step_parts(after=last_step):   # or: groups as they complete, before the step ends
+        for tokens, turns in part.rows(): ...          # forward and backward now; the optimizer at part.final
+
 Standard library HTTP only (``urllib``); msgspec and numpy decode the batch.
 """
 
@@ -60,6 +63,11 @@ class TrainerBatch:
     def publish_version(self) -> int:
         return self.wire.publish_version
 
+    @property
+    def final(self) -> bool:
+        """The step's last part (or its whole batch): train what it gave, then publish ``publish_version``."""
+        return self.wire.final
+
     def rows(self) -> Iterator[tuple[np.ndarray, list[BatchTurn]]]:
         """Each row's tokens (one sequence: score it in one forward pass) and its turns."""
         w = self.wire
@@ -113,6 +121,33 @@ class TrainerClient:
             fields["after"] = after
         status, body = self._get(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
         return None if status == 204 else TrainerBatch(decode(body))
+
+    def next_part(self, part: int, wait_s: float = 30.0, *, after: int | None = None) -> TrainerBatch | None:
+        """This rank's share of part ``part`` of the next batch newer than step ``after`` (groups offered as they
+        completed), as soon as it is offered; None when it is not yet."""
+        fields: dict[str, Any] = {"wait_s": wait_s, "rank": self.rank, "world": self.world, "part": part}
+        if after is not None:
+            fields["after"] = after
+        status, body = self._get(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
+        return None if status == 204 else TrainerBatch(decode(body))
+
+    def step_parts(self, wait_s: float = 30.0, *, after: int | None = None) -> Iterator[TrainerBatch]:
+        """The next step's parts for this rank, each as soon as the job offers it, the last one ``final``
+        (then train the rest and publish): a loop that starts its forward and backward passes on the first
+        groups while the rollout goes on. Waits ``wait_s`` at a time, as long as it takes."""
+        part, step = 0, None
+        while True:
+            batch = self.next_part(part, wait_s, after=after)
+            if batch is None:
+                continue
+            if step is not None and batch.step != step:
+                raise RoseError(f"step {step} was published while rank {self.rank} pulled its parts (part {part} "
+                                f"came from step {batch.step}): every rank must pull every part before one publishes")
+            step = batch.step
+            yield batch
+            if batch.final:
+                return
+            part += 1
 
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self._get("/trainer/status", 0.0)[1]))

@@ -180,6 +180,7 @@ class GatewayJob(RLJob):
                 rollout.sessions.append(trajectory)
                 self.controller.finish_trajectory(trajectory.trajectory_id)
             rollout.groups += 1
+            self._offer_group(rollout, list(group))
         rollout.check_complete(rollout.groups >= wanted)
 
     # ---------------------------------------------------------------- RLJob's rollout, from the gateway

@@ -132,6 +132,7 @@ class RLJob:
         if episode.done:
             rollout.open.discard(res.trajectory_id)
             self.controller.finish_trajectory(res.trajectory_id)
+            self._offer_settled(rollout, episode.trajectory.group_id)
             rollout.check_complete(not rollout.open)
         else:
             self._submit_turn(rollout, res.trajectory_id)
@@ -144,6 +145,7 @@ class RLJob:
         rollout.open.discard(tid)
         rollout.failed += 1
         self.controller.finish_trajectory(tid)
+        self._offer_settled(rollout, rollout.episodes[tid].trajectory.group_id)
         rollout.check_complete(not rollout.open)
 
     def on_tick(self, now: float) -> None:
@@ -295,6 +297,8 @@ class RLJob:
         rl = self.config.rl
         env = self.make_env(seed, rl)
         rollout.episodes[tid] = Episode(tid, group, env, self.codec, rl.max_context_tokens)
+        if tid not in rollout.evals:
+            rollout.members.setdefault(group, []).append(tid)
         rollout.open.add(tid)
         self._submit_turn(rollout, tid)
 
@@ -311,6 +315,22 @@ class RLJob:
             self._add_groups(rollout, missing)
             self._drive(rollout, deadline)
         rollout.dropped = len(informative_groups(rollout.finished())[1])
+
+    def _offer_settled(self, rollout: StepRollout, group_id: str) -> None:
+        """An external trainer gets a group's samples as soon as none of its episodes is open."""
+        group = rollout.settle(group_id)
+        if group is not None:
+            self._offer_group(rollout, group)
+
+    def _offer_group(self, rollout: StepRollout, group: list[Trajectory]) -> None:
+        """A complete group's samples to an external trainer, before the step ends (``ExternalTrainer.
+        offer_groups``): what the step's batch will hold of it (its advantages are its own; dynamic sampling
+        drops it whole or keeps it whole)."""
+        if not isinstance(self.trainer, ExternalTrainer) or not group:
+            return
+        if self.config.rl.sampling.dynamic_sampling:
+            group = informative_groups(group)[0]
+        self.trainer.offer_groups(rollout.step, rollout.window[1], build_samples_from_config(group, self.config.rl))
 
     def _temperature(self, rollout: StepRollout, trajectory_id: str) -> float:
         """Held-out maps are played greedily; every other turn at ``rl.sampling.temperature``."""

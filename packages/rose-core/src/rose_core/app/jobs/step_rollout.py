@@ -26,6 +26,10 @@ class StepRollout:
     """Held-out episodes played greedily (reported, never trained)."""
     groups: int = 0
     """Training groups started (the refill's next group index)."""
+    members: dict[str, list[str]] = field(default_factory=dict)
+    """Training group id -> its episodes' trajectory ids."""
+    settled: set[str] = field(default_factory=set)
+    """Training groups none of whose episodes is still open (offered to an external trainer as they settle)."""
     dropped: int = 0
     turn_counts: dict[str, int] = field(default_factory=dict)
     by_role: dict[str, int] = field(default_factory=lambda: {"dedicated": 0, "serving": 0})
@@ -38,6 +42,15 @@ class StepRollout:
         """Done trajectories: the training ones, or the evaluation ones."""
         played = [ep.trajectory for tid, ep in self.episodes.items() if ep.done and (tid in self.evals) == evals]
         return played if evals else played + self.sessions
+
+    def settle(self, group_id: str) -> list[Trajectory] | None:
+        """Once, when training group ``group_id`` has no episode left open: its done trajectories (those it
+        trains on: a dropped one is not done); None before, after, and for evaluation groups."""
+        tids = self.members.get(group_id)
+        if tids is None or group_id in self.settled or any(tid in self.open for tid in tids):
+            return None
+        self.settled.add(group_id)
+        return [self.episodes[tid].trajectory for tid in tids if self.episodes[tid].done]
 
     def count(self, accepted: AcceptedTurn) -> None:
         """An accepted turn of this rollout, by pool (the controller refused it had it run outside its window)."""

@@ -8,7 +8,9 @@ behaviour logprobs of all response tokens follow in turn order. Rank ``r`` of ``
 (longest first, each to the rank with the fewest tokens so far: every rank's share within one row's length of
 the others); all ranks of a step together get every row exactly once.
 
-Rules: fields are only ever appended, with defaults (``FORMAT`` names the layout); ``tokens`` int32,
+Rules: a msgpack array of the fields in their order (no field names: a part of a step streamed group by group
+is small, and names would be a third of it); fields are only ever appended, with defaults (``FORMAT`` names
+the layout, version 2 since the array form); ``tokens`` int32,
 ``row_offsets`` int64 (``rows + 1`` of them), per-row and per-turn columns int32 or float32, ``behaviour_logprobs``
 float32. Size: 4 bytes per unique token, 4 per response token (its logprob), 24 per turn and a few dozen per
 row: a batch whose responses are 10% of its tokens is 1.20x its tokens' bytes (``tests/core/
@@ -25,11 +27,12 @@ import numpy as np
 
 from rose_core.app.rl.algorithm.sample import TrainSample
 from rose_core.app.rl.algorithm.trajectory_rows import Row, rows_of
+from rose_core.support.errors import RoseError
 
-FORMAT = "rose-trainer-batch/1"
+FORMAT = "rose-trainer-batch/2"
 
 
-class RankBatch(msgspec.Struct, kw_only=True):
+class RankBatch(msgspec.Struct, kw_only=True, array_like=True):
     format: str = FORMAT
     step: int
     base_version: int
@@ -41,7 +44,7 @@ class RankBatch(msgspec.Struct, kw_only=True):
     """This data-parallel rank, of ``world``."""
     world: int
     samples: int
-    """Turns in the whole step (every rank's)."""
+    """Turns in this batch, every rank's (the whole step's, or this part's)."""
     tokens: bytes
     """int32: every row's tokens, concatenated."""
     row_offsets: bytes
@@ -63,6 +66,11 @@ class RankBatch(msgspec.Struct, kw_only=True):
     """float32 per turn: its advantage and the distribution it was sampled from."""
     behaviour_logprobs: bytes
     """float32 per response token, in turn order."""
+    part: int = -1
+    """Which part of the step's batch this is (0, 1, ...: groups as they completed, then the rest at the step's
+    end); -1: the whole batch."""
+    final: bool = True
+    """The step's last part (its batch is complete: train, then publish ``publish_version``)."""
 
 
 def split_rows(rows: Sequence[Row], world: int) -> list[list[int]]:
@@ -107,4 +115,13 @@ def encode(batch: RankBatch) -> bytes:
 
 
 def decode(data: bytes) -> RankBatch:
-    return msgspec.msgpack.decode(data, type=RankBatch)
+    """A batch from the trainer API; a clear error when it is not one this package reads."""
+    try:
+        batch = msgspec.msgpack.decode(data, type=RankBatch)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RoseError(f"not a {FORMAT} batch ({exc}): install the same rose-core on the trainer's side as on the "
+                        "controller's") from exc
+    if batch.format != FORMAT:
+        raise RoseError(f"a {batch.format!r} batch, this client reads {FORMAT!r}: install the same rose-core on the "
+                        "trainer's side as on the controller's")
+    return batch
