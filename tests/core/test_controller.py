@@ -585,3 +585,27 @@ def test_the_welcome_names_the_jobs_policy(clock: FakeClock) -> None:
             assert recv_type(client, m.Welcome).policy_model_dir == "/models/p"
     finally:
         ctl.close()
+
+
+def test_a_withdrawn_turn_is_cancelled_on_its_executor_and_its_late_result_discarded(clock: FakeClock) -> None:
+    """A gateway call that timed out: the job withdraws its turn; the executor running it is told to stop, the
+    queued one never runs, and a result that still comes is discarded (nothing accepted for it)."""
+    got: list[m.FromController] = []
+    cfg = RunConfig(controller=ControllerConfig(stall_timeout_s=5.0, heartbeat_interval_s=1.0))
+    ctl = Controller(cfg, SECRET, clock=clock, server=InProcessServer(SECRET))
+    try:
+        with join(ctl, "d1", capacity=1, on_message=lambda _p, msg: got.append(msg)) as d1:
+            ctl.submit_turn(turn(1))
+            ctl.submit_turn(turn(2))  # queued: d1 has room for one
+            ctl.pump(0)
+            (request,) = [msg for msg in got if isinstance(msg, m.TurnRequest)]
+            assert ctl.withdraw_turn("t1") and ctl.withdraw_turn("t2") and not ctl.withdraw_turn("t1")
+            ctl.pump(0)
+            assert [(c.turn_id, c.attempt) for c in got if isinstance(c, m.CancelTurn)] == [("t1", 0)]
+            assert [msg.turn_id for msg in got if isinstance(msg, m.TurnRequest)] == ["t1"]  # t2 never sent
+            d1.send(result(request, "d1"))  # it finished before the cancel arrived
+            ctl.pump(0)
+            assert ctl.stats.late_results == 1 and ctl.scheduler.running == 0 and not ctl.scheduler.queue
+            assert ctl.scheduler.counters["withdrawn"] == 2
+    finally:
+        ctl.close()

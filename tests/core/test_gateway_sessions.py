@@ -260,3 +260,16 @@ def test_an_unreadable_journal_file_is_skipped(tmp_path) -> None:
 
     (tmp_path / "000000000001.msgpack").write_bytes(b"\x00not msgpack")
     assert GroupJournal(tmp_path).recover() == [] and not list(tmp_path.iterdir())
+
+
+def test_a_turn_whose_caller_stopped_waiting_is_withdrawn_once_taken_and_never_taken_otherwise() -> None:
+    bridge = TurnBridge()
+    taken = GatewayTurn("s/c0", "s", [1], SamplingParams())
+    bridge.submit(taken)
+    assert [t.turn_id for t in bridge.take()] == ["s/c0"]
+    waiting = GatewayTurn("s/c1", "s", [1], SamplingParams())
+    bridge.submit(waiting)
+    bridge.abandon(taken)  # its call timed out while it ran: the controller withdraws it
+    bridge.abandon(waiting)  # timed out before the controller took it: it is never taken
+    assert bridge.take_abandoned() == ["s/c0"] and bridge.take() == [] and bridge.take_abandoned() == []
+    assert not bridge.resolve(TurnOutcome(_result("s/c0"), "serving")) and taken.future.cancelled()

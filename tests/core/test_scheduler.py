@@ -183,8 +183,9 @@ def test_a_worker_that_stopped_holding_keeps_its_turns() -> None:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random joins, stalls, aborts and failures, results, revocations, re-lending, turn timeouts and held turns
-    moved: nothing lost, nothing accepted twice, no turn back on a worker it failed on."""
+    """Random joins, stalls, aborts and failures, results, revocations, re-lending, turn timeouts, held turns
+    moved and turns the job withdraws: nothing lost, nothing accepted twice, no turn back on a worker it failed
+    on."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,6 +194,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.submitted: set[str] = set()
         self.accepted: list[str] = []
         self.given_up: list[str] = []
+        self.withdrawn: list[str] = []
         self.n = 0
         self.workers = 0
 
@@ -236,6 +238,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.abort(self.now, wid, tid, tk.attempt, reason)
         self.given_up += [g.ticket.turn_id for g in self.s.take_given_up()]
 
+    @precondition(lambda self: self.s.running > 0 or len(self.s.queue) > 0)
+    @rule(data=st.data())
+    def withdraw(self, data: st.DataObject) -> None:
+        """The job stops waiting for a queued or running turn (a gateway call timed out)."""
+        tid = data.draw(st.sampled_from(sorted([*self.s._running, *(t.turn_id for t in self.s.queue)])))
+        where = self.s.where(tid)
+        self.s.take_cancellations()  # those earlier re-routes left (the controller sends them every tick)
+        assert self.s.withdraw(tid) and not self.s.withdraw(tid)
+        cancelled = [(c.worker_id, c.turn_id) for c in self.s.take_cancellations()]
+        assert (where, tid) in cancelled if where is not None else tid not in [t for _, t in cancelled]
+        self.withdrawn.append(tid)
+
     @precondition(lambda self: bool(self.s.workers))
     @rule(data=st.data(), how=st.sampled_from(["stall", "gone", "revoke", "lend_again", "overdue", "heartbeat", "held"]))
     def disturb(self, data: st.DataObject, how: str) -> None:
@@ -267,7 +281,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def nothing_lost_nothing_twice(self) -> None:
         queued = [t.turn_id for t in self.s.queue]
         running = list(self.s._running)
-        done = self.accepted + self.given_up
+        done = self.accepted + self.given_up + self.withdrawn
         everything = queued + running + done
         assert len(everything) == len(set(everything)), "a turn is in two places"
         assert set(everything) == self.submitted, "a turn was lost"

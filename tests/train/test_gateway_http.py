@@ -292,3 +292,29 @@ def test_raw_bytes_on_the_gateway_port_never_stop_it_and_refusals_are_counted(li
         assert sum(refused(str(code)) for code in REFUSALS) > before
     assert httpx.get(f"{live.url}/health").json() == {"status": "ok"}
     live.session(f"after-raw-{next(FUZZ_GROUPS)}")
+
+
+def test_a_call_that_times_out_gets_504_withdraws_its_turn_and_frees_its_session(models: ModelPaths) -> None:
+    """``gateway.turn_timeout_s`` passes with no result: the agent gets a 504 that says to retry; the turn is
+    withdrawn (the controller thread cancels it on its executor: ``take_abandoned``), never taken if it was still
+    waiting; the session is free for the retry."""
+    codec = load_tokenizer(models.policy)
+    bridge = TurnBridge()
+    limits = GatewayLimits(max_prompt_tokens=400, max_tokens=4, temperature=1.0, turn_timeout_s=0.3)
+    server = GatewayServer(Gateway(SessionTable(group_size=2), bridge, codec, None, limits), KEY).start()
+    try:
+        session = httpx.post(f"{server.url}/sessions", json={"group": "g"}, headers=auth()).json()
+        url = f"{session['base_url']}/completions"
+
+        def call() -> httpx.Response:
+            return httpx.post(url, json={"model": "policy", "prompt": [5, 6, 7]}, headers=auth(), timeout=30)
+
+        first = call()  # nobody took it: never taken after
+        assert first.status_code == 504 and "gateway.turn_timeout_s" in first.json()["error"]["message"]
+        assert bridge.take() == [] and bridge.take_abandoned() == []
+        taker = threading.Timer(0.05, bridge.take)  # the controller takes the retry, and never answers
+        taker.start()
+        second = call()
+        assert second.status_code == 504 and len(bridge.take_abandoned()) == 1  # withdrawn from the controller
+    finally:
+        server.close()

@@ -295,6 +295,22 @@ class ElasticScheduler:
             ticket.avoid, ticket.avoid_until = worker_id, now + AVOID_S
         return True
 
+    def withdraw(self, turn_id: str) -> bool:
+        """The job no longer wants the turn (its caller stopped waiting): taken out of the queue, or off its worker
+        with a cancellation for it (``take_cancellations``); done either way, so a result that still comes is a
+        duplicate. False when it is already done or unknown."""
+        if turn_id in self._done:
+            return False
+        running = self._running.get(turn_id)
+        if running is not None:
+            self._unassign(turn_id)
+            self._cancellations.append(Cancellation(running[0], turn_id, running[1].attempt))
+        elif self.queue.remove(turn_id) is None:
+            return False
+        self._done.add(turn_id)
+        self.counters["withdrawn"] += 1
+        return True
+
     def take_given_up(self) -> list[GivenUp]:
         """The turns given up since the last call (their jobs drop their trajectories), once each."""
         taken, self._given_up = self._given_up, []

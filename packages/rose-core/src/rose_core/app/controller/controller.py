@@ -130,6 +130,12 @@ class Controller:
     def submit_turn(self, ticket: TurnTicket) -> None:
         self.dispatch.submit(self.clock(), ticket)
 
+    def withdraw_turn(self, turn_id: str) -> bool:
+        """The controller thread (a job's hook): the job stopped waiting for a turn. It leaves the queue, or is
+        cancelled on its executor (sent by this tick's routing); a result that still comes is discarded. False
+        when it was done or unknown."""
+        return self.scheduler.withdraw(turn_id)
+
     def finish_trajectory(self, trajectory_id: str) -> None:
         """The trajectory ended: forget where its turns ran (its prefix is no reason to route anywhere)."""
         self.scheduler.finish_trajectory(trajectory_id)

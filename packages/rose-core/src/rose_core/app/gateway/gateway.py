@@ -208,7 +208,7 @@ class Gateway:
             raise GatewayError(502, f"the turn failed on the job's executors ({exc}) and was given up "
                                     "(scheduler.turn_retries): retry the call", kind="upstream_error") from exc
         except FutureTimeout as exc:
-            future.cancel()
+            self.bridge.abandon(turn)  # withdrawn from the controller: no executor keeps running it
             raise GatewayError(504, f"the turn did not finish within {self.limits.turn_timeout_s:.0f} s "
                                     "(gateway.turn_timeout_s): retry the call", kind="timeout") from exc
 

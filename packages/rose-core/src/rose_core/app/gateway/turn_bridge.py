@@ -47,6 +47,7 @@ class TurnBridge:
     def __init__(self, wake: Callable[[], None] = lambda: None) -> None:
         self._wake = wake
         self._waiting: queue.SimpleQueue[GatewayTurn] = queue.SimpleQueue()
+        self._abandoned: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._running: dict[str, GatewayTurn] = {}
         self._closed = False
         self._lock = threading.Lock()
@@ -73,6 +74,24 @@ class TurnBridge:
                 self._running[turn.turn_id] = turn
                 turns.append(turn)
         return turns
+
+    def abandon(self, turn: GatewayTurn) -> None:
+        """Any thread: the caller stopped waiting (its call timed out). Not taken yet: it never will be; taken:
+        the controller thread withdraws it (``take_abandoned``), so no executor keeps running it."""
+        turn.future.cancel()
+        self._abandoned.put(turn.turn_id)
+        self._wake()
+
+    def take_abandoned(self) -> list[str]:
+        """The controller thread: the turns taken (submitted to the controller) whose callers stopped waiting."""
+        out = []
+        while True:
+            try:
+                turn_id = self._abandoned.get_nowait()
+            except queue.Empty:
+                return out
+            if self._running.pop(turn_id, None) is not None:
+                out.append(turn_id)
 
     def is_gateway_turn(self, turn_id: str) -> bool:
         return turn_id in self._running

@@ -132,6 +132,8 @@ class GatewayJob(RLJob):
     def on_tick(self, now: float) -> None:
         """Submit the calls waiting, then take the groups the step still needs (the step's script waits for
         them); the step's status as the rollout goes."""
+        for turn_id in self.bridge.take_abandoned():
+            self.controller.withdraw_turn(turn_id)
         self._submit_calls(now)
         rollout = self._rolling_out
         if rollout is not None:
