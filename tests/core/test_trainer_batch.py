@@ -174,3 +174,25 @@ def test_a_batch_of_another_format_is_one_clear_error() -> None:
         decode(as_map)
     with pytest.raises(RoseError, match=r"'rose-trainer-batch/9' batch, this client reads"):
         decode(encode(msgspec.structs.replace(wire, format="rose-trainer-batch/9")))
+
+
+def test_the_batch_travels_gzipped_to_clients_that_accept_it(api: tuple[ApiServer, ExternalTrainer]) -> None:
+    """The client asks for gzip: the bytes received are under the unique tokens' int32 bytes here (the ids are
+    mostly zero bytes), the batch the same; a client that does not ask gets it as it is."""
+    import urllib.request
+
+    from rose_core.app.gateway.http_server import accepts_gzip
+
+    server, trainer = api
+    samples = agent_samples(seed=3)
+    trainer.offer(2, 1, samples, [])
+    batch = TrainerClient(server.url, KEY).next_batch(wait_s=0)
+    assert batch is not None and sorted(map(key_of, batch.train_samples())) == sorted(map(key_of, samples))
+    unique = sum(row[-1].length for row in rows_of(samples, pack=True))
+    raw = len(encode(batch.wire))
+    assert batch.received_bytes < 4 * unique < raw, (batch.received_bytes, 4 * unique, raw)
+    plain = urllib.request.Request(f"{server.url}/trainer/batch", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(plain, timeout=10) as response:
+        assert response.headers.get("Content-Encoding") is None and len(response.read()) == raw
+    assert [accepts_gzip(h) for h in ("gzip", "br, gzip;q=0.5", "*", "gzip;q=0", "identity", "")] == [
+        True, True, True, False, False, False]

@@ -51,6 +51,7 @@ def main() -> None:
                 "parts": [[part.wire.part, part.final, len(part.wire.row_trajectories)] for part in parts],
                 "step_turns": sum(part.wire.samples for part in parts),
                 "bytes": sum(len(encode(part.wire)) for part in parts),
+                "received_bytes": sum(part.received_bytes for part in parts),
                 "token_bytes": sum(4 * len(part.tokens) for part in parts),
                 "logprob_bytes": sum(4 * len(part.behaviour_logprobs) for part in parts),
                 "loss": stats.loss, "weights_sum": digest}) + "\n")

@@ -63,8 +63,9 @@ def test_two_data_parallel_ranks_train_every_step_and_their_versions_reach_the_e
         external_run: dict[str, Any]) -> None:
     """Each step: the two ranks pulled each group as it completed (its own part, before the step's end) and
     then the final part; their shares are disjoint and together hold every turn, took the same step (their
-    weights agree), and rank 0's version reached every engine; each part is at most 1.2x its payload (each unique
-    token's id and each sampled token's logprob, once: every prompt is sent once, not once per turn)."""
+    weights agree), and rank 0's version reached every engine; each rank's step is at most 1.2x its payload (each
+    unique token's id and each sampled token's logprob, once: every prompt is sent once, not once per turn), and
+    what it received (gzipped) at most 1.2x its unique tokens' int32 bytes."""
     report, seen = external_run["report"], external_run["seen"]
     assert report["ok"], f"{report['error']}\n{report['_stderr'][-3000:]}\n{report['_logs']}"
     assert external_run["codes"] == [0] * WORLD, external_run["logs"]
@@ -78,8 +79,9 @@ def test_two_data_parallel_ranks_train_every_step_and_their_versions_reach_the_e
         turns = [tuple(t) for t in zero["turns"] + one["turns"]]
         assert len(set(turns)) == len(turns) == zero["step_turns"]
         assert zero["weights_sum"] == pytest.approx(one["weights_sum"], rel=1e-9)
-        for part in (zero, one):  # the payload: each unique token's id, and each sampled token's logprob, once
+        for part in (zero, one):  # each unique token's id, and each sampled token's logprob, once; gzipped
             assert part["bytes"] <= 1.2 * (part["token_bytes"] + part["logprob_bytes"]), part
+            assert part["received_bytes"] <= 1.2 * part["token_bytes"], part
     assert report["lost_trajectories"] == 0 and report["version_mismatches"] == 0
     assert report["weight_digest_mismatches"] == 0  # the engines hold exactly what rank 0 published
     assert report["steps"][1]["weight_version"] == 1  # step 2 rolled out on the external trainer's version

@@ -18,6 +18,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,12 @@ class BatchTurn:
 
 
 class TrainerBatch:
-    """One rank's part of a step (``wire``: the decoded ``RankBatch``), its arrays as numpy views."""
+    """One rank's part of a step (``wire``: the decoded ``RankBatch``), its arrays as numpy views;
+    ``received_bytes``: what came over HTTP (gzipped)."""
 
-    def __init__(self, wire: RankBatch) -> None:
+    def __init__(self, wire: RankBatch, received_bytes: int = 0) -> None:
         self.wire = wire
+        self.received_bytes = received_bytes
         self.tokens = np.frombuffer(wire.tokens, dtype="<i4")
         self.row_offsets = np.frombuffer(wire.row_offsets, dtype="<i8")
         self.behaviour_logprobs = np.frombuffer(wire.behaviour_logprobs, dtype="<f4")
@@ -119,8 +122,7 @@ class TrainerClient:
         fields: dict[str, Any] = {"wait_s": wait_s, "rank": self.rank, "world": self.world}
         if after is not None:
             fields["after"] = after
-        status, body = self._get(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
-        return None if status == 204 else TrainerBatch(decode(body))
+        return self._batch(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
 
     def next_part(self, part: int, wait_s: float = 30.0, *, after: int | None = None) -> TrainerBatch | None:
         """This rank's share of part ``part`` of the next batch newer than step ``after`` (groups offered as they
@@ -128,8 +130,7 @@ class TrainerClient:
         fields: dict[str, Any] = {"wait_s": wait_s, "rank": self.rank, "world": self.world, "part": part}
         if after is not None:
             fields["after"] = after
-        status, body = self._get(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
-        return None if status == 204 else TrainerBatch(decode(body))
+        return self._batch(f"/trainer/batch?{urllib.parse.urlencode(fields)}", wait_s)
 
     def step_parts(self, wait_s: float = 30.0, *, after: int | None = None) -> Iterator[TrainerBatch]:
         """The next step's parts for this rank, each as soon as the job offers it, the last one ``final``
@@ -152,11 +153,20 @@ class TrainerClient:
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self._get("/trainer/status", 0.0)[1]))
 
-    def _get(self, path: str, wait_s: float) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.url + path, headers=self._headers)
+    def _batch(self, path: str, wait_s: float) -> TrainerBatch | None:
+        status, body, received = self._get(path, wait_s, gzip=True)
+        return None if status == 204 else TrainerBatch(decode(body), received)
+
+    def _get(self, path: str, wait_s: float, *, gzip: bool = False) -> tuple[int, bytes, int]:
+        """Status, body (gunzipped), and the bytes received."""
+        headers = {**self._headers, "Accept-Encoding": "gzip"} if gzip else self._headers
+        request = urllib.request.Request(self.url + path, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self._timeout_s + wait_s) as response:
-                return int(response.status), bytes(response.read())
+                body = bytes(response.read())
+                if response.headers.get("Content-Encoding", "") == "gzip":
+                    return int(response.status), zlib.decompress(body, 31), len(body)
+                return int(response.status), body, len(body)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             raise RoseError(f"the trainer API answered {exc.code} to GET {path}: {detail}") from exc

@@ -14,7 +14,8 @@ the layout, version 2 since the array form); ``tokens`` int32,
 ``row_offsets`` int64 (``rows + 1`` of them), per-row and per-turn columns int32 or float32, ``behaviour_logprobs``
 float32. Size: 4 bytes per unique token, 4 per response token (its logprob), 24 per turn and a few dozen per
 row: a batch whose responses are 10% of its tokens is 1.20x its tokens' bytes (``tests/core/
-test_trainer_batch.py``), where the per-turn JSON repeats every prompt.
+test_trainer_batch.py``), where the per-turn JSON repeats every prompt. On the wire it is gzipped for clients
+that accept it (the trainer API's HTTP server; most of an int32 id's bytes are zeros).
 """
 
 from __future__ import annotations
