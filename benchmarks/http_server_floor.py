@@ -16,9 +16,7 @@ Per round and server, in alternating order: ``--calls`` sequential calls from on
 at saturation, and their p99). The client shares the 2 cores with the server; figures are medians over rounds.
 """
 
-from __future__ import annotations
-
-import argparse
+import argparse  # no `from __future__ import annotations`: FastAPI reads the handler's annotations as objects
 import json
 import os
 import re

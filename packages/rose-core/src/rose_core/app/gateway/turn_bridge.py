@@ -84,7 +84,7 @@ class TurnBridge:
 
     def take_abandoned(self) -> list[str]:
         """The controller thread: the turns taken (submitted to the controller) whose callers stopped waiting."""
-        out = []
+        out: list[str] = []
         while True:
             try:
                 turn_id = self._abandoned.get_nowait()
