@@ -130,6 +130,26 @@ async def test_the_trainer_scores_sampled_tokens_as_the_engine_sampled_them(engi
     assert max(abs(r - 1.0) for r in raw) > 0.05  # scoring at temperature 1 would be silently wrong
 
 
+async def test_top_logprobs_are_the_sampled_distributions_likeliest_tokens(engine: VllmEngine) -> None:
+    """``top_logprobs = 3`` at temperature 0.7 / top-p 0.9: three alternatives per sampled token, likeliest first,
+    under the distribution sampled from (the sampled token's own logprob where it is among them; -inf past the
+    nucleus), and the sampled tokens the same as without them (greedy)."""
+    params = SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, logprobs=True, top_logprobs=3)
+    out = await engine.generate("top", PROMPT, params)
+    assert len(out.top) == len(out.token_ids) >= 1 and all(len(position) == 3 for position in out.top)
+    for token, logprob, position in zip(out.token_ids, out.logprobs, out.top, strict=True):
+        values = [lp for _, lp in position]
+        assert values == sorted(values, reverse=True) and all(lp <= 0.0 for lp in values)
+        assert values[0] > -math.inf  # the likeliest is inside the nucleus
+        if token in dict(position):
+            assert dict(position)[token] == pytest.approx(logprob, abs=1e-5)
+        else:
+            assert logprob <= values[-1] + 1e-5  # sampled outside the three: no likelier than the third
+    greedy = await engine.generate("top-greedy", PROMPT, msgspec.structs.replace(GREEDY, top_logprobs=2))
+    assert greedy.token_ids == (await engine.generate("greedy-again", PROMPT, GREEDY)).token_ids
+    assert [position[0][0] for position in greedy.top] == greedy.token_ids  # greedy takes the likeliest
+
+
 async def test_a_stop_string_ends_the_turn_at_the_token_that_completes_it(engine: VllmEngine, policy_dir: Path) -> None:
     """A gateway call's ``stop`` reaches vLLM (matched on the detokenised text): the same greedy turn ends at the
     token whose text completes the stop string, and those ids are what it sampled up to there."""

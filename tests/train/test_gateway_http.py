@@ -62,10 +62,14 @@ class Responder:
                 text = REPLIES[self.answered % len(REPLIES)]
                 ids = [*self.codec.encode(text), self.codec.eos_id][: turn.sampling.max_tokens]
                 self.answered += 1
+                k = turn.sampling.top_logprobs  # the token itself, then the next ids; the last past the nucleus
+                tops = {"top_token_ids": np.array([[t + j for j in range(k)] for t in ids], dtype=np.int32),
+                        "top_logprobs": np.array([[-0.25 - j if j < k - 1 else -np.inf for j in range(k)]
+                                                  for _ in ids], dtype=np.float32)} if k else {}
                 result = TurnResult(turn_id=turn.turn_id, trajectory_id=turn.session_id, attempt=0,
                                     executor_id="dedicated-0", weight_version=0,
                                     output_token_ids=np.array(ids, dtype=np.int32),
-                                    output_logprobs=np.full(len(ids), -0.25), finish_reason="stop")
+                                    output_logprobs=np.full(len(ids), -0.25), finish_reason="stop", **tops)
                 self.bridge.resolve(TurnOutcome(result, "dedicated"))
 
 
@@ -318,3 +322,26 @@ def test_a_call_that_times_out_gets_504_withdraws_its_turn_and_frees_its_session
         assert second.status_code == 504 and len(bridge.take_abandoned()) == 1  # withdrawn from the controller
     finally:
         server.close()
+
+
+def test_top_logprobs_come_back_as_openais_api_shapes_them(live: Live) -> None:
+    """Chat's ``top_logprobs`` (with ``logprobs``) and completions' ``logprobs = k``: k alternatives per token,
+    likeliest first, each with its text; -inf (outside the nucleus) as -9999.0, as vLLM's server sends it.
+    Over 20, or without ``logprobs``, is a 400 naming the field."""
+    client = live.client(live.session("tops"))
+    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Where?"}],
+                                           logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    ids = reply.choices[0].model_extra["token_ids"]
+    assert len(content) == len(ids) and all(len(c.top_logprobs) == 3 for c in content)
+    for token_id, entry in zip(ids, content, strict=True):
+        assert entry.top_logprobs[0].token == live.codec.decode([token_id])
+        assert [t.logprob for t in entry.top_logprobs] == [-0.25, -1.25, -9999.0]
+    for bad, field in (({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs")):
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}], **bad)
+    completion = live.client(live.session("tops")).completions.create(model="policy", prompt="Where?", logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert logprobs.top_logprobs is not None and len(logprobs.top_logprobs) == len(logprobs.tokens)
+    for token, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):  # {text: logprob}: OpenAI's form
+        assert top[token] == -0.25 and set(top.values()) <= {-0.25, -9999.0}  # (two tokens of one text: one key)

@@ -137,6 +137,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: tuple[str, ...] = ()
     """Stop strings: the turn ends at the token that completes one (kept in the output ids; the gateway cuts the
     text there, as OpenAI's API does)."""
+    top_logprobs: int = 0
+    """The likeliest tokens to return at each sampled position (0-20, vLLM's ``logprobs = k``), with their
+    logprobs under the distribution sampled from: ``TurnResult.top_token_ids`` / ``top_logprobs``."""
 
 
 class TurnRequest(Message, tag="turn_request"):
@@ -164,6 +167,10 @@ class TurnResult(Message, tag="turn_result"):
     queue_seconds: float = 0.0
     run_seconds: float = 0.0
     prefix_hit_tokens: int = 0
+    top_token_ids: np.ndarray | None = None
+    """int32, (sampled tokens, ``sampling.top_logprobs``): each position's likeliest tokens, likeliest first."""
+    top_logprobs: np.ndarray | None = None
+    """float32, the same shape: their logprobs (-inf outside the top-p nucleus)."""
 
 
 class TurnAborted(Message, tag="turn_aborted"):

@@ -9,7 +9,7 @@ vLLM); the SLO guard must read ``now`` from the same clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rose_core.policy import LiveRequest
@@ -60,6 +60,8 @@ class GenerationOutput:
     logprobs: list[float]
     finish_reason: str
     num_cached_tokens: int
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per sampled position, the ``sampling.top_logprobs`` likeliest (token id, logprob), likeliest first."""
 
 
 class EngineStatsObserver(Protocol):

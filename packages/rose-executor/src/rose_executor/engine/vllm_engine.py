@@ -218,6 +218,7 @@ class VllmEngine:
             logprobs=_sampled_logprobs(seq.logprobs, token_ids),
             finish_reason=str(seq.finish_reason or "abort"),
             num_cached_tokens=int(final.num_cached_tokens or 0),
+            top=_top_logprobs(seq.logprobs, sampling.top_logprobs),
         )
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
@@ -347,7 +348,7 @@ def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         seed=sampling.seed,
-        logprobs=0 if sampling.logprobs else None,
+        logprobs=sampling.top_logprobs if sampling.top_logprobs > 0 else (0 if sampling.logprobs else None),
         stop=list(sampling.stop) or None,
         detokenize=bool(sampling.stop),  # stop strings are matched on the text
         output_kind=RequestOutputKind.FINAL_ONLY,
@@ -373,6 +374,16 @@ def _combined(version: int, reports: Sequence[dict[str, Any]]) -> WeightCommit:
         tensors_changed=max(int(r["tensors_changed"]) for r in reports),
         digest=digests.pop(),
     )
+
+
+def _top_logprobs(logprobs: Any, k: int) -> list[list[tuple[int, float]]]:
+    """Each position's ``k`` likeliest (token id, logprob) by vLLM's rank (its dict holds the top ``k`` and, when
+    it is not among them, the sampled token)."""
+    if k <= 0 or not logprobs:
+        return []
+    return [[(int(token), float(entry.logprob)) for token, entry in sorted(position.items(),
+                                                                          key=lambda item: item[1].rank)[:k]]
+            for position in logprobs]
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:

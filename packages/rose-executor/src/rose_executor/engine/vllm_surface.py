@@ -78,7 +78,7 @@ SURFACE: tuple[Touch, ...] = (
     Touch("vllm.inputs:TokensPrompt", "fields", ("prompt_token_ids",), _ENGINE),
     Touch("vllm.outputs:RequestOutput", "assigned", ("outputs", "num_cached_tokens"), _ENGINE),
     Touch("vllm.outputs:CompletionOutput", "fields", ("token_ids", "logprobs", "finish_reason"), _ENGINE),
-    Touch("vllm.logprobs:Logprob", "fields", ("logprob",), _ENGINE),
+    Touch("vllm.logprobs:Logprob", "fields", ("logprob", "rank"), _ENGINE),
     # the engine's arguments
     Touch("vllm.engine.arg_utils:AsyncEngineArgs", "call",
           ("model", "served_model_name", "dtype", "max_model_len", "max_num_seqs", "enable_prefix_caching",

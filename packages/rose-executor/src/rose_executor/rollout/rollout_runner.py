@@ -342,6 +342,7 @@ class RolloutRunner:
                 queue_seconds=queued,
                 run_seconds=ran,
                 prefix_hit_tokens=out.num_cached_tokens,
+                **_top_arrays(out, req.sampling.top_logprobs),
             )
         )
 
@@ -375,3 +376,13 @@ def _done() -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_result(None)
     return future
+
+
+def _top_arrays(out: GenerationOutput, k: int) -> dict[str, np.ndarray]:
+    """``TurnResult``'s top alternatives, (tokens, k) each, when the turn asked for them."""
+    if k <= 0:
+        return {}
+    ids = np.asarray([[token for token, _ in position] for position in out.top], dtype=np.int32)
+    logprobs = np.asarray([[lp for _, lp in position] for position in out.top], dtype=np.float32)
+    shape = (len(out.top), k)
+    return {"top_token_ids": ids.reshape(shape), "top_logprobs": logprobs.reshape(shape)}

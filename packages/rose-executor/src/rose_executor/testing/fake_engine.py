@@ -56,6 +56,7 @@ class _Request:
     arrival_s: float
     cached_tokens: int
     future: asyncio.Future[GenerationOutput]
+    top_logprobs: int = 0
     computed: int = 0
     tokens: list[int] = field(default_factory=list)
     first_token_s: float | None = None
@@ -123,7 +124,7 @@ class FakeEngine:
         prompt = [int(t) for t in prompt_token_ids]
         future: asyncio.Future[GenerationOutput] = asyncio.get_running_loop().create_future()
         request = _Request(request_id, prompt, max(1, sampling.max_tokens), sampling.logprobs, self.clock.now(),
-                           self._cached_prefix(prompt), future)  # fmt: skip
+                           self._cached_prefix(prompt), future, top_logprobs=sampling.top_logprobs)  # fmt: skip
         self._requests[request_id] = request
         self.started.append(request_id)
         self._notify()
@@ -369,7 +370,9 @@ class FakeEngine:
                 self._cache.add(tuple(request.prompt[:end]))
         if not request.future.done():
             logprobs = [-1.0] * len(request.tokens) if request.logprobs else []
-            request.future.set_result(GenerationOutput(list(request.tokens), logprobs, reason, request.cached_tokens))
+            top = [[(token + j, -1.0 - j) for j in range(request.top_logprobs)] for token in request.tokens]
+            request.future.set_result(GenerationOutput(list(request.tokens), logprobs, reason, request.cached_tokens,
+                                                       top if request.top_logprobs else []))
 
     def _cached_prefix(self, prompt: list[int]) -> int:
         """Tokens of ``prompt`` in cached full blocks (never the whole prompt: its last token is computed)."""

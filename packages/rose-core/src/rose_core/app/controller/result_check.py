@@ -3,7 +3,8 @@
 An executor holds a key, so its messages are authentic; they can still be wrong (a bug, a broken engine, a stolen
 key). A turn's result is refused unless its token ids and logprobs are one-dimensional, of equal non-zero length,
 no longer than the turn's ``max_tokens``, its token ids non-negative, its logprobs finite and <= 0, and its
-weight version inside the turn's window. A registration is refused unless its id is a short printable name and
+weight version inside the turn's window; its top alternatives, when the turn asked for ``k``, ``(tokens, k)``,
+likeliest first. A registration is refused unless its id is a short printable name and
 its rollout capacity and memory are within bounds. A refused result is handled as a failure of its turn on that
 executor (``invalid_result``: the scheduler never sends the turn there again, and bounds the retries); a refused
 registration is told why. Both are counted (``rose_refused_results_total{reason}``,
@@ -40,6 +41,26 @@ def result_problem(msg: TurnResult, ticket: TurnTicket) -> tuple[str, str]:
     if not ticket.min_version <= msg.weight_version <= ticket.max_version:
         return "version", (f"ran on weight version {msg.weight_version}, outside the turn's window "
                            f"[{ticket.min_version}, {ticket.max_version}]")
+    k = payload.sampling.top_logprobs if isinstance(payload, TurnPayload) else 0
+    return _top_problem(msg, len(ids), k)
+
+
+def _top_problem(msg: TurnResult, tokens: int, k: int) -> tuple[str, str]:
+    """The top alternatives: present exactly when asked for, (tokens, k) ids >= 0 and logprobs <= 0 (-inf allowed:
+    outside the top-p nucleus), likeliest first."""
+    ids, logprobs = msg.top_token_ids, msg.top_logprobs
+    if k == 0:
+        return ("top", "top alternatives that were not asked for") if ids is not None or logprobs is not None \
+            else ("", "")
+    if ids is None or logprobs is None or ids.shape != (tokens, k) or logprobs.shape != (tokens, k):
+        shapes = (None if ids is None else ids.shape, None if logprobs is None else logprobs.shape)
+        return "top", f"top alternatives of shapes {shapes} for ({tokens}, {k}): {k} per sampled token"
+    if ids.dtype.kind not in "iu" or bool((ids < 0).any()):
+        return "top", "top token ids must be non-negative integers"
+    if logprobs.dtype.kind != "f" or bool(np.isnan(logprobs).any()) or bool((logprobs > 0).any()):
+        return "top", "top logprobs must be <= 0 (or -inf)"
+    if k > 1 and bool((np.diff(logprobs, axis=1) > 1e-6).any()):
+        return "top", "top alternatives must come likeliest first"
     return "", ""
 
 

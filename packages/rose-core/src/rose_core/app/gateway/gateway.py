@@ -32,6 +32,7 @@ from rose_core.app.gateway.openai_api import (
     cut_at_stop,
     decode,
     stop_strings,
+    top_logprobs,
 )
 from rose_core.app.gateway.reply_parser import ParsedReply, ReplyParser
 from rose_core.app.gateway.session_history import SessionHistory
@@ -172,7 +173,8 @@ class Gateway:
             self._check_prompt(prompt)
             sampling = SamplingParams(max_tokens=max_tokens, logprobs=True,
                                       temperature=self.limits.temperature if req.temperature is None else req.temperature,
-                                      top_p=1.0 if req.top_p is None else req.top_p, stop=stop_strings(req.stop))
+                                      top_p=1.0 if req.top_p is None else req.top_p, stop=stop_strings(req.stop),
+                                      top_logprobs=top_logprobs(req))
             submitted = time.perf_counter()
             outcome = self._run(GatewayTurn(f"{session_id}/c{next(self._calls)}", session_id, prompt, sampling))
             turn_s = time.perf_counter() - submitted
@@ -264,13 +266,35 @@ class Gateway:
         return [self.codec.decode([t]) for t in ids]
 
     def _chat_logprobs(self, reply: Reply) -> dict[str, Any]:
-        return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                            for tok, lp in zip(self._token_texts(reply.token_ids), reply.logprobs, strict=True)]}
+        tops = self._tops(reply)
+        return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                             "top_logprobs": [{"token": t, "logprob": x, "bytes": list(t.encode())} for t, x in top]}
+                            for tok, lp, top in zip(self._token_texts(reply.token_ids), reply.logprobs, tops,
+                                                    strict=True)]}
 
     def _text_logprobs(self, reply: Reply) -> dict[str, Any]:
         tokens = self._token_texts(reply.token_ids)
         offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
-        return {"tokens": tokens, "token_logprobs": reply.logprobs, "top_logprobs": None, "text_offset": offsets}
+        result = reply.outcome.result
+        tops = [_by_text(top) for top in self._tops(reply)] if result.top_token_ids is not None else None
+        return {"tokens": tokens, "token_logprobs": reply.logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def _tops(self, reply: Reply) -> list[list[tuple[str, float]]]:
+        """Each sampled token's alternatives as (text, logprob), likeliest first; -inf (outside the top-p
+        nucleus) as -9999.0, as vLLM's server sends it (JSON has no infinity)."""
+        result = reply.outcome.result
+        if result.top_token_ids is None or result.top_logprobs is None:
+            return [[] for _ in reply.token_ids]
+        return [[(self.codec.decode([int(t)]), max(float(x), -9999.0)) for t, x in zip(ids, lps, strict=True)]
+                for ids, lps in zip(result.top_token_ids, result.top_logprobs, strict=True)]
+
+
+def _by_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    """Alternatives as completions' ``{text: logprob}``, likeliest first; of two with one text, the likelier."""
+    out: dict[str, float] = {}
+    for text, logprob in top:
+        out.setdefault(text, logprob)
+    return out
 
 
 def _message(reply: Reply) -> dict[str, Any]:

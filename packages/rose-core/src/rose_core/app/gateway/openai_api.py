@@ -4,11 +4,13 @@ gets (OpenAI's error shape, so the official client raises ``BadRequestError`` & 
 
 Honoured: ``model`` (must be ``policy``), ``messages`` / ``prompt``, ``max_tokens`` /
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``n`` (1 only), ``stream`` (+ ``stream_options.
-include_usage``), ``logprobs`` (+ ``top_logprobs`` 0), ``stop`` (up to 4 strings; the text is cut there, the token ids keep the
+include_usage``), ``logprobs`` (+ ``top_logprobs`` 0-20; completions' ``logprobs`` 0-20: the alternatives
+per token, under the distribution sampled from, as vLLM returns them), ``stop`` (up to 4 strings; the text is cut there, the token ids keep the
 token that completed it), ``tools`` (handed to the chat template; with ``[gateway] tool_parser``
 set, replies carry ``tool_calls`` parsed by vLLM's parser: ``reply_parser``), ``tool_choice`` (``none``
 leaves a reply unparsed), ``parallel_tool_calls``. Refused with a
-400 naming the field: ``n > 1``, ``top_logprobs > 0``, ``best_of > 1``, ``echo``. ``seed`` is
+400 naming the field: ``n > 1``, ``top_logprobs`` over 20 or without ``logprobs``, ``best_of > 1``,
+``echo``. ``seed`` is
 ignored: vLLM's CPU engines cannot seed one request with chunked prefill (docs/gateway.md).
 """
 
@@ -143,6 +145,18 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
+MAX_TOP_LOGPROBS = 20
+"""vLLM's default ``max_logprobs``: the most alternatives per token a call may ask for."""
+
+
+def top_logprobs(req: ChatRequest | CompletionRequest) -> int:
+    """The alternatives per sampled token the call asks for: chat's ``top_logprobs`` (with ``logprobs``),
+    completions' ``logprobs``."""
+    if isinstance(req, ChatRequest):
+        return int(req.top_logprobs or 0) if req.logprobs else 0
+    return int(req.logprobs or 0)
+
+
 def check_chat(req: ChatRequest) -> None:
     if not req.messages:
         raise GatewayError(400, "messages is empty: send at least one message", "messages")
@@ -151,9 +165,10 @@ def check_chat(req: ChatRequest) -> None:
             raise GatewayError(400, f"messages[{i}] has no role: every message needs one (system, user, "
                                     "assistant, tool)", "messages")
         message["content"] = _text_of(message.get("content"), i)
-    if req.top_logprobs:
-        raise GatewayError(400, "top_logprobs > 0 is not supported: the gateway returns the sampled tokens' "
-                                "logprobs (logprobs = true)", "top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise GatewayError(400, f"top_logprobs = {req.top_logprobs}: pass 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise GatewayError(400, "top_logprobs needs logprobs = true", "top_logprobs")
 
 
 def check_completion(req: CompletionRequest) -> None:
@@ -161,9 +176,9 @@ def check_completion(req: CompletionRequest) -> None:
         raise GatewayError(400, "echo is not supported", "echo")
     if req.best_of not in (None, 1):
         raise GatewayError(400, f"best_of = {req.best_of}: the gateway samples one choice per call", "best_of")
-    if req.logprobs:
-        raise GatewayError(400, "logprobs > 0 (top alternatives) is not supported: pass logprobs = 0 for the "
-                                "sampled tokens' logprobs", "logprobs")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise GatewayError(400, f"logprobs = {req.logprobs}: pass 0 to {MAX_TOP_LOGPROBS} (the alternatives per "
+                                "token)", "logprobs")
     if not req.prompt:
         raise GatewayError(400, "prompt is empty", "prompt")
 
