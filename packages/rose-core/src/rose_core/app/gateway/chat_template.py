@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rose_core.support.errors import ConfigError, RoseError
+from rose_core.support.errors import ConfigError, RoseError, require_extra
 
 
 class ChatTemplate:
@@ -17,7 +17,8 @@ class ChatTemplate:
     the policy's Hugging Face tokenizer (what vLLM's reply parsers read)."""
 
     def __init__(self, policy_dir: Path) -> None:
-        import transformers
+        with require_extra("transformers (the gateway's chat template)", "rose-core[train]"):
+            import transformers
 
         try:
             self.tokenizer: Any = transformers.AutoTokenizer.from_pretrained(str(policy_dir))
