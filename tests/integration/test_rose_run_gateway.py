@@ -72,12 +72,15 @@ def play(base_url: str, key: str, seed: int, calls: list[dict[str, Any]]) -> flo
     messages: list[dict[str, Any]] = [{"role": "user", "content": env.reset()}]
     total = 0.0
     while not env.done:
-        reply = client.chat.completions.create(model="policy", messages=messages, logprobs=True, temperature=1.0)
+        reply = client.chat.completions.create(model="policy", messages=messages, logprobs=True, top_logprobs=2,
+                                               temperature=1.0)
         choice = reply.choices[0]
         extra = reply.model_extra or {}
         calls.append({"version": extra["rose_weight_version"], "pool": extra["rose_pool"],
                       "token_ids": (choice.model_extra or {})["token_ids"],
-                      "logprobs": [t.logprob for t in choice.logprobs.content] if choice.logprobs else None})
+                      "logprobs": [t.logprob for t in choice.logprobs.content] if choice.logprobs else None,
+                      "top_logprobs": [[a.logprob for a in t.top_logprobs] for t in choice.logprobs.content]
+                      if choice.logprobs else None})
         outcome = env.step(choice.message.content or "")
         total += outcome.reward
         messages += [{"role": "assistant", "content": choice.message.content or ""}]
@@ -228,9 +231,14 @@ def test_the_run_trains_on_the_sessions(gateway_run: dict[str, Any]) -> None:
 
 
 def test_calls_return_token_ids_and_logprobs(gateway_run: dict[str, Any]) -> None:
+    """Each call asked for two alternatives per token (``top_logprobs = 2``): vLLM's, likeliest first, from the
+    executor that ran the turn (either pool)."""
     for call in gateway_run["first"] + gateway_run["second"]:
         assert call["token_ids"] and len(call["logprobs"]) == len(call["token_ids"])
         assert all(lp <= 0.0 for lp in call["logprobs"])
+        assert len(call["top_logprobs"]) == len(call["token_ids"])
+        assert all(len(top) == 2 and top[0] >= top[1] and top[0] >= lp - 1e-5
+                   for top, lp in zip(call["top_logprobs"], call["logprobs"], strict=True))
 
 
 def test_turns_land_on_both_pools(gateway_run: dict[str, Any]) -> None:

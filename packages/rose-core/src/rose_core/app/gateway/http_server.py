@@ -63,6 +63,8 @@ class ServerLimits:
 
 
 Route = Callable[[Any, dict[str, str], bytes], Any]
+"""(the API's object, the path's groups and the query's parameters, the body) -> a JSON value, bytes (binary)
+or SSE events."""
 
 GZIP_LEVEL = 1
 """zlib's fastest level: token ids held in int32 are mostly zero bytes, and level 1 takes most of that (a batch
@@ -72,20 +74,12 @@ GZIP_MIN_BYTES = 512
 
 def accepts_gzip(header: str) -> bool:
     """Whether an ``Accept-Encoding`` header takes gzip (named, not with ``q=0``)."""
-    for item in header.split(","):
-        name, _, params = item.strip().partition(";")
-        if name.strip().lower() in ("gzip", "*"):
-            q = params.strip().lower().removeprefix("q=")
-            return not (params.strip().lower().startswith("q=") and _is_zero(q))
+    for item in header.lower().split(","):
+        name, _, params = item.partition(";")
+        if name.strip() in ("gzip", "*"):
+            q = params.strip()
+            return not (q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"))
     return False
-
-
-def _is_zero(q: str) -> bool:
-    try:
-        return float(q) == 0.0
-    except ValueError:
-        return False
-"""(the API's object, the path's groups and the query's parameters, the body) -> a JSON value or SSE events."""
 
 
 def _chat(gw: Gateway, params: dict[str, str], body: bytes) -> Any:

@@ -317,7 +317,10 @@ class RLJob:
         rollout.dropped = len(informative_groups(rollout.finished())[1])
 
     def _offer_settled(self, rollout: StepRollout, group_id: str) -> None:
-        """An external trainer gets a group's samples as soon as none of its episodes is open."""
+        """An external trainer gets a group's samples as soon as none of its episodes is open (ROSE's own trainer
+        takes the whole batch at the step's end: nothing to do here)."""
+        if not isinstance(self.trainer, ExternalTrainer):
+            return
         group = rollout.settle(group_id)
         if group is not None:
             self._offer_group(rollout, group)
